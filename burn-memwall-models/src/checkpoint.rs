@@ -1,0 +1,51 @@
+//! Weights on disk: safetensors export/import, and writes that never leave half a file.
+
+use std::path::{Path, PathBuf};
+
+use burn::module::Module;
+use burn::store::{ModuleSnapshot, SafetensorsStore};
+
+use crate::Error;
+
+/// Writes `bytes` to `path` through a temporary file in the same folder and a rename, so a
+/// crash leaves either the old file or the new one, never a truncated one.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    let tmp = temporary_sibling(path);
+    std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+fn temporary_sibling(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".tmp{}", std::process::id()));
+    path.with_file_name(name)
+}
+
+/// Saves every parameter of `module` as a safetensors file (written atomically).
+pub fn save_safetensors<M: Module>(module: &M, path: impl AsRef<Path>) -> Result<(), Error> {
+    let path = path.as_ref();
+    let tmp = temporary_sibling(path);
+    let mut store = SafetensorsStore::from_file(&tmp).overwrite(true);
+    module.save_into(&mut store).map_err(|e| Error::Checkpoint { path: path.into(), reason: e.to_string() })?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+/// Loads a safetensors file into `module`; every tensor must be present with the module's shape
+/// (a file from another config is rejected, naming the first mismatched tensors).
+pub fn load_safetensors<M: Module>(module: M, path: impl AsRef<Path>) -> Result<M, Error> {
+    let path = path.as_ref();
+    if !path.exists() {
+        return Err(Error::io(path, std::io::ErrorKind::NotFound.into()));
+    }
+    let fail = |reason: String| Error::Checkpoint { path: path.into(), reason };
+    let mut module = module;
+    let mut store = SafetensorsStore::from_file(path);
+    let result = module.load_from(&mut store).map_err(|e| fail(e.to_string()))?;
+    if !result.errors.is_empty() || !result.missing.is_empty() || !result.unused.is_empty() {
+        return Err(fail(format!(
+            "does not match the model: errors {:?}, missing {:?}, unexpected {:?}",
+            result.errors, result.missing, result.unused
+        )));
+    }
+    Ok(module)
+}

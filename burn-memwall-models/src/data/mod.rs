@@ -1,0 +1,9 @@
+//! Text → tokens → `[batch, seq]` batches.
+
+mod dataset;
+mod text;
+mod tokenizer;
+
+pub use dataset::{LmBatch, LmBatcher, TokenWindows};
+pub use text::{DEFAULT_CORPUS, load_text};
+pub use tokenizer::{END_OF_TEXT, TextTokenizer};

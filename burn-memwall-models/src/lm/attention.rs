@@ -1,0 +1,67 @@
+//! Causal grouped-query self-attention with rotary positions, on Burn's attention op.
+
+use burn::module::Module;
+use burn::nn::{Linear, LinearConfig, RotaryEncoding};
+use burn::prelude::*;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+
+use super::LmConfig;
+
+/// `softmax(QKᵀ/√d_head + causal mask) V` with `n_kv_heads` key/value heads shared by groups of
+/// query heads. The score matrix goes through `burn::tensor::module::attention`, which under
+/// autodiff materialises `[batch, heads, seq, seq]`: this is the baseline later ops replace.
+#[derive(Module, Debug)]
+pub struct CausalSelfAttention {
+    query: Linear,
+    key: Linear,
+    value: Linear,
+    output: Linear,
+    n_heads: usize,
+    n_kv_heads: usize,
+}
+
+impl CausalSelfAttention {
+    pub fn new(config: &LmConfig, device: &Device) -> Self {
+        let d = config.d_model;
+        let d_kv = config.n_kv_heads * config.d_head();
+        let linear = |d_in, d_out| LinearConfig::new(d_in, d_out).with_bias(false).init(device);
+        Self {
+            query: linear(d, d),
+            key: linear(d, d_kv),
+            value: linear(d, d_kv),
+            output: linear(d, d),
+            n_heads: config.n_heads,
+            n_kv_heads: config.n_kv_heads,
+        }
+    }
+
+    /// `[batch, seq, d_model]` → `[batch, seq, d_model]`.
+    pub fn forward(&self, x: Tensor<3>, rope: &RotaryEncoding) -> Tensor<3> {
+        let [batch, seq, d_model] = x.dims();
+        let d_head = d_model / self.n_heads;
+        let heads = |t: Tensor<3>, n: usize| t.reshape([batch, seq, n, d_head]).swap_dims(1, 2);
+
+        let q = rope.forward(heads(self.query.forward(x.clone()), self.n_heads));
+        let k = rope.forward(heads(self.key.forward(x.clone()), self.n_kv_heads));
+        let v = heads(self.value.forward(x), self.n_kv_heads);
+        let (k, v) = (self.repeat_kv(k), self.repeat_kv(v));
+
+        let options = AttentionModuleOptions { is_causal: true, ..Default::default() };
+        let out = attention(q, k, v, None, None, options);
+        self.output.forward(out.swap_dims(1, 2).reshape([batch, seq, d_model]))
+    }
+
+    /// `[batch, kv_heads, seq, d_head]` → `[batch, heads, seq, d_head]`: Burn's autodiff
+    /// attention has no grouped-query support, so each key/value head is repeated for its group.
+    fn repeat_kv(&self, t: Tensor<4>) -> Tensor<4> {
+        let group = self.n_heads / self.n_kv_heads;
+        if group == 1 {
+            return t;
+        }
+        let [batch, kv_heads, seq, d_head] = t.dims();
+        t.unsqueeze_dim::<5>(2)
+            .expand([batch, kv_heads, group, seq, d_head])
+            .reshape([batch, kv_heads * group, seq, d_head])
+    }
+}

@@ -1,0 +1,135 @@
+//! Configuration of the reference language model and its named sizes.
+
+use burn::config::Config;
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+/// Feed-forward block of each layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MlpKind {
+    /// `W2 · (silu(W1 x) ∘ W3 x)`: three matrices (Llama).
+    SwiGlu,
+    /// `W2 · relu(W1 x)²`: two matrices (Primer; GPT-2's parameter count).
+    ReluSquared,
+}
+
+/// A decoder-only transformer: token embedding, `n_layers` pre-norm blocks of causal
+/// grouped-query attention with rotary positions and an MLP, a final RMSNorm and the LM head.
+#[derive(Config, Debug, PartialEq)]
+pub struct LmConfig {
+    /// Number of token ids the embedding and the head cover (including added tokens).
+    pub vocab_size: usize,
+    /// Width of the residual stream.
+    pub d_model: usize,
+    /// Number of transformer blocks.
+    pub n_layers: usize,
+    /// Query heads; `d_model` must be a multiple.
+    pub n_heads: usize,
+    /// Key/value heads (grouped-query attention); `n_heads` must be a multiple.
+    pub n_kv_heads: usize,
+    /// Hidden width of the MLP.
+    pub d_ff: usize,
+    /// Longest sequence the model accepts (the rotary table's length).
+    pub max_seq_len: usize,
+    /// Feed-forward block.
+    #[config(default = "MlpKind::SwiGlu")]
+    pub mlp: MlpKind,
+    /// Share the token-embedding table with the LM head.
+    #[config(default = true)]
+    pub tie_embeddings: bool,
+    /// Base of the rotary position frequencies.
+    #[config(default = 10000.0)]
+    pub rope_theta: f32,
+    /// Epsilon of every RMSNorm.
+    #[config(default = 1e-5)]
+    pub norm_eps: f64,
+}
+
+/// The named sizes, smallest first.
+pub const PRESETS: [&str; 4] = ["tiny", "small", "gpt2-124m", "llama-1b"];
+
+impl LmConfig {
+    /// A named size: `tiny` (~1M parameters, byte vocabulary), `small` (~10M), `gpt2-124m`
+    /// (GPT-2 small's shape and vocabulary), `llama-1b` (TinyLlama's 1.1B shape).
+    pub fn preset(name: &str) -> Result<Self, Error> {
+        let config = match name {
+            "tiny" => Self::new(256, 128, 5, 4, 4, 384, 256),
+            "small" => Self::new(4096, 384, 6, 6, 2, 1024, 1024),
+            "gpt2-124m" => Self::new(50257, 768, 12, 12, 12, 3072, 1024).with_mlp(MlpKind::ReluSquared),
+            "llama-1b" => Self::new(32000, 2048, 22, 32, 4, 5632, 2048).with_tie_embeddings(false),
+            _ => {
+                return Err(Error::InvalidConfig(format!(
+                    "unknown model `{name}`; expected one of {}",
+                    PRESETS.join(", ")
+                )));
+            }
+        };
+        Ok(config)
+    }
+
+    /// Width of one attention head.
+    pub fn d_head(&self) -> usize {
+        self.d_model / self.n_heads
+    }
+
+    /// Checks that the shapes fit together, naming the first that does not.
+    pub fn validate(&self) -> Result<(), Error> {
+        let fail = |msg: String| Err(Error::InvalidConfig(msg));
+        for (name, value) in [
+            ("vocab_size", self.vocab_size),
+            ("d_model", self.d_model),
+            ("n_layers", self.n_layers),
+            ("n_heads", self.n_heads),
+            ("n_kv_heads", self.n_kv_heads),
+            ("d_ff", self.d_ff),
+            ("max_seq_len", self.max_seq_len),
+        ] {
+            if value == 0 {
+                return fail(format!("{name} must be positive"));
+            }
+        }
+        if self.d_model % self.n_heads != 0 {
+            return fail(format!(
+                "n_heads = {} does not divide d_model = {}",
+                self.n_heads, self.d_model
+            ));
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return fail(format!(
+                "n_kv_heads = {} does not divide n_heads = {}",
+                self.n_kv_heads, self.n_heads
+            ));
+        }
+        if self.d_head() % 2 != 0 {
+            return fail(format!("rotary embedding needs an even head width, got {}", self.d_head()));
+        }
+        Ok(())
+    }
+
+    /// Exact number of trainable scalars of the model this config builds.
+    pub fn param_count(&self) -> usize {
+        let d = self.d_model;
+        let kv = self.n_kv_heads * self.d_head();
+        let attention = d * d + 2 * d * kv + d * d;
+        let mlp = match self.mlp {
+            MlpKind::SwiGlu => 3 * d * self.d_ff,
+            MlpKind::ReluSquared => 2 * d * self.d_ff,
+        };
+        let norms_per_layer = 2 * d;
+        let embedding = self.vocab_size * d;
+        let head = if self.tie_embeddings { 0 } else { self.vocab_size * d };
+        embedding + self.n_layers * (attention + mlp + norms_per_layer) + d + head
+    }
+}
+
+/// `1234567` → `"1.23M"`, for printing parameter counts.
+pub fn human_count(n: usize) -> String {
+    let n = n as f64;
+    match n {
+        n if n >= 1e9 => format!("{:.2}B", n / 1e9),
+        n if n >= 1e6 => format!("{:.2}M", n / 1e6),
+        n if n >= 1e3 => format!("{:.1}K", n / 1e3),
+        n => format!("{n}"),
+    }
+}

@@ -1,0 +1,119 @@
+//! The decoder-only language model.
+
+use burn::module::{Initializer, Module};
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::{
+    Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig, RotaryEncoding,
+    RotaryEncodingConfig,
+};
+use burn::prelude::*;
+
+use super::{CausalSelfAttention, LmConfig, Mlp};
+use crate::Error;
+
+/// One pre-norm transformer block: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
+#[derive(Module, Debug)]
+pub struct Block {
+    attention_norm: RmsNorm,
+    attention: CausalSelfAttention,
+    mlp_norm: RmsNorm,
+    mlp: Mlp,
+}
+
+impl Block {
+    fn new(config: &LmConfig, device: &Device) -> Self {
+        let norm = || RmsNormConfig::new(config.d_model).with_epsilon(config.norm_eps).init(device);
+        Self {
+            attention_norm: norm(),
+            attention: CausalSelfAttention::new(config, device),
+            mlp_norm: norm(),
+            mlp: Mlp::new(config, device),
+        }
+    }
+
+    /// `[batch, seq, d_model]` → `[batch, seq, d_model]`.
+    pub fn forward(&self, x: Tensor<3>, rope: &RotaryEncoding) -> Tensor<3> {
+        let x = x.clone() + self.attention.forward(self.attention_norm.forward(x), rope);
+        x.clone() + self.mlp.forward(self.mlp_norm.forward(x))
+    }
+}
+
+/// Token embedding → blocks → RMSNorm → LM head (tied to the embedding or its own `Linear`).
+#[derive(Module, Debug)]
+pub struct LanguageModel {
+    embedding: Embedding,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    head: Option<Linear>,
+    rope: RotaryEncoding,
+    vocab_size: usize,
+    max_seq_len: usize,
+}
+
+impl LmConfig {
+    /// Builds the model on `device` after checking the config.
+    pub fn init(&self, device: &Device) -> Result<LanguageModel, Error> {
+        self.validate()?;
+        let embedding = EmbeddingConfig::new(self.vocab_size, self.d_model)
+            .with_initializer(Initializer::Normal { mean: 0.0, std: 0.02 })
+            .init(device);
+        let head = (!self.tie_embeddings)
+            .then(|| LinearConfig::new(self.d_model, self.vocab_size).with_bias(false).init(device));
+        Ok(LanguageModel {
+            embedding,
+            blocks: (0..self.n_layers).map(|_| Block::new(self, device)).collect(),
+            norm: RmsNormConfig::new(self.d_model).with_epsilon(self.norm_eps).init(device),
+            head,
+            rope: RotaryEncodingConfig::new(self.max_seq_len, self.d_head())
+                .with_theta(self.rope_theta)
+                .init(device),
+            vocab_size: self.vocab_size,
+            max_seq_len: self.max_seq_len,
+        })
+    }
+}
+
+impl LanguageModel {
+    /// Ids the embedding and head cover.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Longest sequence the model accepts.
+    pub fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+
+    /// `[batch, seq]` token ids → `[batch, seq, d_model]` final hidden states (after the norm).
+    pub fn hidden(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
+        let [_, seq] = tokens.dims();
+        assert!(
+            seq <= self.max_seq_len,
+            "{}",
+            Error::SequenceTooLong { seq_len: seq, max_seq_len: self.max_seq_len }
+        );
+        let x = self
+            .blocks
+            .iter()
+            .fold(self.embedding.forward(tokens), |x, block| block.forward(x, &self.rope));
+        self.norm.forward(x)
+    }
+
+    /// `[batch, seq]` token ids → `[batch, seq, vocab]` logits.
+    pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
+        let hidden = self.hidden(tokens);
+        match &self.head {
+            Some(head) => head.forward(hidden),
+            None => hidden.matmul(self.embedding.weight.val().transpose().unsqueeze()),
+        }
+    }
+
+    /// Mean next-token cross-entropy over every position, from full logits: `[batch, seq]` ids
+    /// and targets → `[1]`. This is the baseline loss path (B·S·V logits are materialised).
+    pub fn loss(&self, tokens: Tensor<2, Int>, targets: Tensor<2, Int>) -> Tensor<1> {
+        let logits = self.forward(tokens);
+        let [batch, seq, vocab] = logits.dims();
+        let loss = CrossEntropyLossConfig::new().init(&logits.device());
+        loss.forward(logits.reshape([batch * seq, vocab]), targets.reshape([batch * seq]))
+    }
+}

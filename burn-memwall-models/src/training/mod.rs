@@ -1,0 +1,232 @@
+//! Training the reference model through burn-train's `Learner`, with checkpoints every epoch and
+//! an exact `--resume`.
+
+mod loader;
+mod measure;
+mod progress;
+mod step;
+
+use std::path::{Path, PathBuf};
+
+use burn::config::Config;
+use burn::data::dataloader::DataLoaderBuilder;
+use burn::module::Module;
+use burn::optim::AdamWConfig;
+use burn::prelude::*;
+use burn::train::metric::LossMetric;
+use burn::train::{ExecutionStrategy, Learner, SupervisedTraining};
+
+pub use loader::EpochLoader;
+pub use measure::{StepMeasurement, measure_baseline_steps};
+pub use progress::{EpochRecord, ProgressRenderer};
+pub use step::{LmOutput, MeanLoss, PerplexityFromLoss};
+
+use crate::Error;
+use crate::checkpoint::{save_safetensors, write_atomically};
+use crate::data::{LmBatcher, TokenWindows};
+use crate::lm::{LanguageModel, LmConfig};
+
+/// How to train: everything but the model shape and the data.
+#[derive(Config, Debug, PartialEq)]
+pub struct TrainingConfig {
+    /// Tokens per training window.
+    #[config(default = 128)]
+    pub seq_len: usize,
+    /// Windows per batch.
+    #[config(default = 8)]
+    pub batch_size: usize,
+    /// Total epochs (a resumed run continues up to this number).
+    #[config(default = 3)]
+    pub epochs: usize,
+    /// Stop each epoch's training split after this many batches.
+    pub max_steps_per_epoch: Option<usize>,
+    /// AdamW learning rate (constant).
+    #[config(default = 3e-3)]
+    pub learning_rate: f64,
+    /// AdamW decoupled weight decay.
+    #[config(default = 0.01)]
+    pub weight_decay: f32,
+    /// Seeds the weights and the data order.
+    #[config(default = 42)]
+    pub seed: u64,
+    /// Share of the tokens held out for validation.
+    #[config(default = 0.1)]
+    pub validation_fraction: f64,
+}
+
+/// The model and training configs of an artifacts folder, saved so a resume can check them.
+#[derive(Config, Debug, PartialEq)]
+pub struct RunConfig {
+    pub model: LmConfig,
+    pub training: TrainingConfig,
+}
+
+/// What a finished run measured.
+#[derive(Clone, Debug)]
+pub struct TrainReport {
+    /// One record per epoch trained by this run (not the resumed-from ones).
+    pub epochs: Vec<EpochRecord>,
+    /// The trained model (on the device, without autodiff).
+    pub model: LanguageModel,
+}
+
+/// An artifacts folder: `run.json`, `checkpoint/{model,optim,scheduler}-N.bpk`, metric logs and,
+/// at the end, `model.safetensors`.
+#[derive(Clone, Debug)]
+pub struct Artifacts {
+    dir: PathBuf,
+}
+
+impl Artifacts {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn run_config(&self) -> PathBuf {
+        self.dir.join("run.json")
+    }
+
+    fn checkpoint(&self, kind: &str, epoch: usize) -> PathBuf {
+        self.dir.join("checkpoint").join(format!("{kind}-{epoch}.bpk"))
+    }
+
+    /// Where the final weights are exported.
+    pub fn weights(&self) -> PathBuf {
+        self.dir.join("model.safetensors")
+    }
+
+    /// The last epoch whose model, optimizer and scheduler were all written. The Learner writes
+    /// the three on separate threads, so after a crash only some may exist for the last epoch.
+    pub fn last_complete_epoch(&self) -> Option<usize> {
+        let entries = std::fs::read_dir(self.dir.join("checkpoint")).ok()?;
+        entries
+            .filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                name.strip_prefix("model-")?.strip_suffix(".bpk")?.parse::<usize>().ok()
+            })
+            .filter(|&epoch| {
+                ["optim", "scheduler"].iter().all(|kind| self.checkpoint(kind, epoch).exists())
+            })
+            .max()
+    }
+}
+
+/// Trains `model_config` on `tokens` through the Learner on `device`, checkpointing each epoch
+/// into `artifacts`. With `resume`, continues from the last complete checkpoint there, giving
+/// the same losses as a run that was never interrupted.
+pub fn train(
+    run: &RunConfig,
+    tokens: &[u32],
+    device: &Device,
+    artifacts: &Artifacts,
+    resume: bool,
+    quiet: bool,
+) -> Result<TrainReport, Error> {
+    let RunConfig { model: model_config, training } = run;
+    model_config.validate()?;
+    if training.seq_len > model_config.max_seq_len {
+        return Err(Error::SequenceTooLong { seq_len: training.seq_len, max_seq_len: model_config.max_seq_len });
+    }
+    if training.batch_size == 0 || training.epochs == 0 {
+        return Err(Error::Training("batch size and epochs must be positive".into()));
+    }
+    let (train_windows, valid_windows) =
+        TokenWindows::split(tokens, training.seq_len, model_config.vocab_size, training.validation_fraction)?;
+
+    let start_epoch = if resume { check_resumable(run, artifacts, device)? } else { 0 };
+    if !resume {
+        std::fs::create_dir_all(artifacts.dir()).map_err(|e| Error::io(artifacts.dir(), e))?;
+        write_atomically(&artifacts.run_config(), run.to_string().as_bytes())?;
+    }
+    if start_epoch >= training.epochs {
+        return Err(Error::Training(format!(
+            "the checkpoint is already at epoch {start_epoch} of {}; raise the number of epochs to continue",
+            training.epochs
+        )));
+    }
+
+    device.seed(training.seed);
+    let model = model_config.init(&device.clone().autodiff())?;
+    let train_loader = DataLoaderBuilder::new(LmBatcher)
+        .batch_size(training.batch_size)
+        .shuffle(training.seed)
+        .build(train_windows);
+    let train_loader = EpochLoader::new(
+        train_loader,
+        training.max_steps_per_epoch.map(|steps| steps * training.batch_size),
+        start_epoch,
+    );
+    let valid_loader = DataLoaderBuilder::new(LmBatcher).batch_size(training.batch_size).build(valid_windows);
+
+    let (renderer, records) = ProgressRenderer::new(training.seq_len, quiet);
+    let mut builder = SupervisedTraining::new(artifacts.dir(), train_loader, valid_loader)
+        .metrics((LossMetric::new(), PerplexityFromLoss::default()))
+        .with_default_checkpointers()
+        .with_training_strategy(ExecutionStrategy::single(device.clone()).into())
+        .renderer(Box::new(renderer))
+        .num_epochs(training.epochs);
+    if start_epoch > 0 {
+        builder = builder.checkpoint(start_epoch);
+    }
+    let optimizer = AdamWConfig::new().with_weight_decay(training.weight_decay).init();
+    let result = builder.launch(Learner::new(model, optimizer, training.learning_rate));
+    if let Some(error) = result.error {
+        return Err(Error::Training(error.to_string()));
+    }
+    save_safetensors(&result.model, artifacts.weights())?;
+    let epochs = records.lock().expect("records lock").clone();
+    Ok(TrainReport { epochs, model: result.model })
+}
+
+/// `field: saved → now` for every top-level field where two configs differ.
+fn differences<C: Config>(saved: &C, now: &C) -> String {
+    let fields = |c: &C| match serde_json::to_value(c) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    };
+    let now = fields(now);
+    fields(saved)
+        .into_iter()
+        .filter(|(key, value)| now.get(key) != Some(value))
+        .map(|(key, value)| format!("{key}: {value} → {}", now.get(&key).unwrap_or(&serde_json::Value::Null)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The epoch to resume from, after checking that the folder was made by the same configs and that
+/// its model checkpoint loads into this model.
+fn check_resumable(run: &RunConfig, artifacts: &Artifacts, device: &Device) -> Result<usize, Error> {
+    let saved_path = artifacts.run_config();
+    let saved = RunConfig::load(&saved_path).map_err(|e| Error::Checkpoint {
+        path: saved_path.clone(),
+        reason: format!("cannot resume: {e}"),
+    })?;
+    if saved.model != run.model {
+        return Err(Error::Checkpoint {
+            path: saved_path,
+            reason: format!("was trained with another model config ({})", differences(&saved.model, &run.model)),
+        });
+    }
+    if (saved.training.seq_len, saved.training.batch_size, saved.training.seed)
+        != (run.training.seq_len, run.training.batch_size, run.training.seed)
+    {
+        return Err(Error::Checkpoint {
+            path: saved_path,
+            reason: "sequence length, batch size and seed must match the interrupted run to resume it exactly".into(),
+        });
+    }
+    let epoch = artifacts.last_complete_epoch().ok_or_else(|| Error::Checkpoint {
+        path: artifacts.dir().join("checkpoint"),
+        reason: "no complete checkpoint (model, optim and scheduler of one epoch) to resume from".into(),
+    })?;
+    let model_path = artifacts.checkpoint("model", epoch);
+    run.model.init(device)?.try_load_file(&model_path).map_err(|e| Error::Checkpoint {
+        path: model_path.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok(epoch)
+}

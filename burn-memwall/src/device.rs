@@ -1,0 +1,164 @@
+//! One runtime device choice for every program: `--device auto|flex|wgpu|vulkan|metal|webgpu|cuda|rocm|cpu`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use burn::prelude::*;
+
+/// A backend a program can run on; which ones exist depends on the cargo features compiled in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// The best compiled-in device that works on this machine, falling back to Flex.
+    Auto,
+    /// Burn's pure-Rust CPU backend (always compiled).
+    Flex,
+    /// CubeCL through wgpu: Vulkan, Metal, DX12 or WebGPU, whichever the platform has.
+    Wgpu,
+    /// CubeCL, wgpu with the SPIR-V compiler on Vulkan.
+    Vulkan,
+    /// CubeCL, wgpu with the MSL compiler on Metal.
+    Metal,
+    /// CubeCL, wgpu with the WGSL compiler.
+    WebGpu,
+    /// CubeCL on NVIDIA CUDA.
+    Cuda,
+    /// CubeCL on AMD ROCm/HIP.
+    Rocm,
+    /// CubeCL's MLIR CPU runtime.
+    Cpu,
+}
+
+/// Why a device could not be chosen or started.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// The name is not a device.
+    #[error("unknown device `{0}`; expected one of {list}", list = DeviceChoice::NAMES.join(", "))]
+    Unknown(String),
+    /// The device exists but this binary was built without its cargo feature.
+    #[error("device `{0}` is not compiled in; rebuild with `--features {0}`")]
+    NotCompiled(DeviceChoice),
+    /// The device is compiled in but did not start (no adapter, no driver).
+    #[error("device `{0}` is compiled in but could not start on this machine (no adapter or driver found)")]
+    Unavailable(DeviceChoice),
+}
+
+impl DeviceChoice {
+    /// Every accepted name, in `--device` order.
+    pub const NAMES: [&'static str; 9] = ["auto", "flex", "wgpu", "vulkan", "metal", "webgpu", "cuda", "rocm", "cpu"];
+
+    /// Devices compiled into this binary, best first (the order `Auto` tries them in).
+    pub fn compiled() -> Vec<DeviceChoice> {
+        use DeviceChoice::*;
+        [
+            (Cuda, cfg!(feature = "cuda")),
+            (Rocm, cfg!(feature = "rocm")),
+            (Metal, cfg!(feature = "metal")),
+            (Vulkan, cfg!(feature = "vulkan")),
+            (WebGpu, cfg!(feature = "webgpu")),
+            (Wgpu, cfg!(feature = "wgpu")),
+            (Cpu, cfg!(feature = "cpu")),
+            (Flex, cfg!(feature = "flex")),
+        ]
+        .into_iter()
+        .filter_map(|(choice, on)| on.then_some(choice))
+        .collect()
+    }
+
+    /// The device named on the command line, else in `BURN_DEVICE`, else `Auto`.
+    pub fn from_arg_or_env(arg: Option<&str>) -> Result<Self, DeviceError> {
+        match arg.map(str::to_owned).or_else(|| std::env::var("BURN_DEVICE").ok()) {
+            Some(name) => name.parse(),
+            None => Ok(Self::Auto),
+        }
+    }
+
+    /// Starts the device, checking that it really runs a tensor op (so a missing GPU driver is
+    /// an error here, not a panic in the middle of training).
+    pub fn device(self) -> Result<Device, DeviceError> {
+        if self == Self::Auto {
+            return Self::compiled()
+                .into_iter()
+                .find_map(|choice| choice.device().ok())
+                .ok_or(DeviceError::Unavailable(Self::Flex));
+        }
+        let device = self.construct().ok_or(DeviceError::NotCompiled(self))?;
+        if runs_an_op(&device) { Ok(device) } else { Err(DeviceError::Unavailable(self)) }
+    }
+
+    #[allow(unreachable_code)] // every arm but one is cfg'd out in a single-backend build
+    fn construct(self) -> Option<Device> {
+        Some(match self {
+            #[cfg(feature = "flex")]
+            Self::Flex => Device::flex(),
+            #[cfg(feature = "wgpu")]
+            Self::Wgpu => Device::wgpu(Default::default()),
+            #[cfg(feature = "vulkan")]
+            Self::Vulkan => Device::vulkan(Default::default()),
+            #[cfg(feature = "metal")]
+            Self::Metal => Device::metal(Default::default()),
+            #[cfg(feature = "webgpu")]
+            Self::WebGpu => Device::webgpu(Default::default()),
+            #[cfg(feature = "cuda")]
+            Self::Cuda => Device::cuda(0),
+            #[cfg(feature = "rocm")]
+            Self::Rocm => Device::rocm(0),
+            #[cfg(feature = "cpu")]
+            Self::Cpu => Device::cpu(),
+            _ => return None,
+        })
+    }
+}
+
+/// Runs one tiny op on `device`; backends report a missing adapter by panicking, so the panic is
+/// caught (and its message silenced) here.
+fn runs_an_op(device: &Device) -> bool {
+    let previous_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let ok = std::panic::catch_unwind(|| {
+        let sum = Tensor::<1>::ones([4], device).sum().into_scalar::<f32>();
+        sum == 4.0
+    })
+    .unwrap_or(false);
+    std::panic::set_hook(previous_hook);
+    ok
+}
+
+impl FromStr for DeviceChoice {
+    type Err = DeviceError;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        use DeviceChoice::*;
+        Ok(match name.trim().to_ascii_lowercase().as_str() {
+            "auto" => Auto,
+            "flex" => Flex,
+            "wgpu" => Wgpu,
+            "vulkan" => Vulkan,
+            "metal" => Metal,
+            "webgpu" => WebGpu,
+            "cuda" => Cuda,
+            "rocm" => Rocm,
+            "cpu" => Cpu,
+            _ => return Err(DeviceError::Unknown(name.to_owned())),
+        })
+    }
+}
+
+impl fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let index = Self::NAMES.iter().position(|n| n.parse::<Self>().ok() == Some(*self));
+        f.write_str(Self::NAMES[index.expect("every choice has a name")])
+    }
+}
+
+/// A short human-readable name of a started device, e.g. `flex` or `wgpu (llvmpipe)`.
+pub fn describe(device: &Device) -> String {
+    let debug = format!("{device:?}");
+    if debug.contains("Flex") {
+        return "flex".into();
+    }
+    #[cfg(feature = "cube")]
+    if let Some(identity) = device.identity() {
+        return format!("cube ({})", identity.name);
+    }
+    debug
+}

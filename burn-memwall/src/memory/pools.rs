@@ -1,0 +1,108 @@
+//! Peak and live bytes of a device, and the split of a step's peak into pools.
+
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use super::CountingAllocator;
+
+/// Reads live and peak bytes of one device.
+///
+/// On Flex the numbers are heap bytes of the whole process (tensors dominate them during
+/// training); they need [`CountingAllocator`] installed. On Cube devices they are bytes reserved
+/// by the device's memory pools: the allocator only grows, so what is reserved after a step is
+/// at least what the step held at its peak (and at most that plus pool slack).
+#[derive(Clone, Debug)]
+pub struct MemoryMeter {
+    device: Device,
+}
+
+impl MemoryMeter {
+    pub fn new(device: &Device) -> Self {
+        Self { device: device.clone() }
+    }
+
+    /// Whether this device can be measured in this process.
+    pub fn is_available(&self) -> bool {
+        self.device.memory_pool_usage().is_some() || CountingAllocator::is_installed()
+    }
+
+    /// Starts a new peak window (Flex). Pool peaks on Cube devices cannot be reset: measure one
+    /// configuration per process there.
+    pub fn reset_peak(&self) {
+        self.sync();
+        CountingAllocator::reset_peak();
+    }
+
+    /// Bytes held now.
+    pub fn live_bytes(&self) -> u64 {
+        self.sync();
+        match self.device.memory_pool_usage() {
+            Some(usage) => usage.bytes_in_use,
+            None => CountingAllocator::live_bytes() as u64,
+        }
+    }
+
+    /// Most bytes held since the last [`reset_peak`](Self::reset_peak) (Flex) or since the
+    /// device started (Cube).
+    pub fn peak_bytes(&self) -> u64 {
+        self.sync();
+        match (self.device.memory_pool_usage(), self.device.memory_pool_report()) {
+            (Some(usage), Some(pools)) => {
+                let paged_peak: u64 = pools.iter().map(|p| p.pages_peak * p.page_size).sum();
+                usage.bytes_reserved.max(paged_peak)
+            }
+            _ => CountingAllocator::peak_bytes() as u64,
+        }
+    }
+
+    fn sync(&self) {
+        // A failed sync leaves the last completed reading, which is still a valid lower bound.
+        let _ = self.device.sync();
+    }
+}
+
+/// The peak of a training step split into the pools burn-memwall removes one by one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolBreakdown {
+    /// Highest bytes held during the step.
+    pub peak: u64,
+    /// Model parameters.
+    pub parameters: u64,
+    /// Optimizer state (moments, …) kept between steps.
+    pub optimizer_state: u64,
+    /// Parameter gradients alive at once before the optimizer step.
+    pub gradients: u64,
+    /// Everything else at the peak: activations saved for backward and transient workspace.
+    pub activations_and_workspace: u64,
+}
+
+impl PoolBreakdown {
+    /// Splits `peak`; the last pool is what the named ones do not explain.
+    pub fn new(peak: u64, parameters: u64, optimizer_state: u64, gradients: u64) -> Self {
+        let explained = parameters + optimizer_state + gradients;
+        Self {
+            peak,
+            parameters,
+            optimizer_state,
+            gradients,
+            activations_and_workspace: peak.saturating_sub(explained),
+        }
+    }
+
+    /// Bytes kept between steps.
+    pub fn persistent(&self) -> u64 {
+        self.parameters + self.optimizer_state
+    }
+}
+
+/// `1536` → `"1.50 KiB"`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{value:.2} {}", UNITS[unit]) }
+}

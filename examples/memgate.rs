@@ -1,0 +1,193 @@
+//! Peak memory of a training step, one row per stack, for the same model, data and seed.
+//!
+//! ```text
+//! cargo run --release --example memgate -- --model small --seq 256 --batch 4 --steps 5 --json out.json
+//! ```
+//!
+//! Each stack runs in its own child process so that no stack inherits another's allocator state
+//! or pool peaks. Today the only stack is `baseline` (Burn attention, full logits +
+//! `CrossEntropyLoss`, AdamW); each burn-memwall part adds its own row.
+
+use std::path::PathBuf;
+use std::process::Command;
+use burn_memwall::DeviceChoice;
+use burn_memwall::device::describe;
+use burn_memwall::memory::{CountingAllocator, human_bytes};
+use burn_memwall_models::data::{TextTokenizer, load_text};
+use burn_memwall_models::training::measure_baseline_steps;
+use burn_memwall_models::lm::{LmConfig, human_count};
+use clap::Parser;
+use serde::{Deserialize, Serialize};
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+/// Marks the line a child process reports its row on.
+const ROW_PREFIX: &str = "memgate-row ";
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "Measure the peak memory of a training step for each burn-memwall stack")]
+struct Args {
+    /// tiny, small, gpt2-124m or llama-1b (with its own vocabulary).
+    #[arg(long, default_value = "small")]
+    model: String,
+    /// auto, flex, wgpu, vulkan, metal, webgpu, cuda, rocm or cpu.
+    #[arg(long, env = "BURN_DEVICE", default_value = "auto")]
+    device: String,
+    #[arg(long, default_value_t = 256)]
+    seq: usize,
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    /// Training steps per stack (the first is a warm-up and is not timed).
+    #[arg(long, default_value_t = 5)]
+    steps: usize,
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// UTF-8 text to draw the batches from (default: the embedded corpus).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Stacks to run (default: all).
+    #[arg(long, value_delimiter = ',')]
+    stacks: Vec<String>,
+    /// Write the rows as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Internal: run one stack in this process and print its row.
+    #[arg(long, hide = true)]
+    worker: Option<String>,
+}
+
+/// Every stack memgate knows, in the order they are reported.
+const STACKS: [&str; 1] = ["baseline"];
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+struct Row {
+    stack: String,
+    device: String,
+    model: String,
+    parameters: usize,
+    seq: usize,
+    batch: usize,
+    steps: usize,
+    peak_bytes: u64,
+    persistent_bytes: u64,
+    parameter_bytes: u64,
+    optimizer_state_bytes: u64,
+    gradient_bytes: u64,
+    activation_and_workspace_bytes: u64,
+    tokens_per_s: f64,
+    loss: f32,
+}
+
+fn main() {
+    let args = Args::parse();
+    let result = match &args.worker {
+        Some(stack) => run_stack(&args, stack).map(|row| {
+            println!("{ROW_PREFIX}{}", serde_json::to_string(&row).expect("rows serialise"));
+        }),
+        None => run_all(&args),
+    };
+    if let Err(error) = result {
+        eprintln!("error: {error}");
+        std::process::exit(1);
+    }
+}
+
+fn run_all(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let stacks: Vec<String> = if args.stacks.is_empty() {
+        STACKS.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.stacks.clone()
+    };
+    if let Some(unknown) = stacks.iter().find(|s| !STACKS.contains(&s.as_str())) {
+        return Err(format!("unknown stack `{unknown}`; expected one of {}", STACKS.join(", ")).into());
+    }
+    let mut rows = Vec::new();
+    for stack in &stacks {
+        eprintln!("running stack `{stack}` ...");
+        let output = Command::new(std::env::current_exe()?)
+            .args(std::env::args().skip(1))
+            .args(["--worker", stack])
+            .output()?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let row = stdout.lines().find_map(|line| line.strip_prefix(ROW_PREFIX));
+        match (output.status.success(), row) {
+            (true, Some(row)) => rows.push(serde_json::from_str::<Row>(row)?),
+            _ => {
+                return Err(format!(
+                    "stack `{stack}` failed:\n{}",
+                    String::from_utf8_lossy(&output.stderr).trim_end()
+                )
+                .into());
+            }
+        }
+    }
+    print_table(&rows);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)? + "\n")?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn print_table(rows: &[Row]) {
+    println!(
+        "{:<10} {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
+        "stack", "device", "peak", "persistent", "params", "optim", "grads", "acts+work", "tokens/s", "loss"
+    );
+    for r in rows {
+        println!(
+            "{:<10} {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10.0} {:>8.4}",
+            r.stack,
+            r.device,
+            human_bytes(r.peak_bytes),
+            human_bytes(r.persistent_bytes),
+            human_bytes(r.parameter_bytes),
+            human_bytes(r.optimizer_state_bytes),
+            human_bytes(r.gradient_bytes),
+            human_bytes(r.activation_and_workspace_bytes),
+            r.tokens_per_s,
+            r.loss
+        );
+    }
+    if let Some(r) = rows.first() {
+        println!(
+            "model {} ({} parameters), seq {}, batch {}, {} steps",
+            r.model,
+            human_count(r.parameters),
+            r.seq,
+            r.batch,
+            r.steps
+        );
+    }
+}
+
+/// Measures `args.steps` training steps of `stack` in this process.
+fn run_stack(args: &Args, stack: &str) -> Result<Row, Box<dyn std::error::Error>> {
+    let device = DeviceChoice::from_arg_or_env(Some(&args.device))?.device()?;
+    let config = LmConfig::preset(&args.model)?;
+    // Byte ids fit every preset's vocabulary, so all models train on the same data.
+    let tokens = TextTokenizer::byte_level().encode(&load_text(args.data.as_deref())?)?;
+    let windows: Vec<Vec<u32>> = tokens.chunks_exact(args.seq + 1).map(<[u32]>::to_vec).collect();
+    let measured = measure_baseline_steps(&config, &windows, args.batch, args.steps, args.lr, args.seed, &device)?;
+    let pools = measured.pools;
+    Ok(Row {
+        stack: stack.to_owned(),
+        device: describe(&device),
+        model: args.model.clone(),
+        parameters: config.param_count(),
+        seq: args.seq,
+        batch: args.batch,
+        steps: args.steps,
+        peak_bytes: pools.peak,
+        persistent_bytes: pools.persistent(),
+        parameter_bytes: pools.parameters,
+        optimizer_state_bytes: pools.optimizer_state,
+        gradient_bytes: pools.gradients,
+        activation_and_workspace_bytes: pools.activations_and_workspace,
+        tokens_per_s: measured.tokens_per_s,
+        loss: measured.loss,
+    })
+}

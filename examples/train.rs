@@ -1,0 +1,128 @@
+//! Train the reference language model through Burn's `Learner`.
+//!
+//! ```text
+//! cargo run --release --example train                       # tiny model, embedded corpus, auto device
+//! cargo run --release --example train -- --data FILE --tokenizer bpe --vocab 2048 --model small
+//! cargo run --release --example train -- --resume           # continue the run in --artifacts exactly
+//! ```
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn_memwall::device::describe;
+use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes};
+use burn_memwall::DeviceChoice;
+use burn_memwall_models::data::{TextTokenizer, load_text};
+use burn_memwall_models::lm::{LmConfig, human_count};
+use burn_memwall_models::training::{Artifacts, RunConfig, TrainingConfig, train};
+use clap::{Parser, ValueEnum};
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum TokenizerKind {
+    /// One token per byte (256 ids).
+    Byte,
+    /// A byte-level BPE trained on the data (`--vocab` ids).
+    Bpe,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Train the burn-memwall reference LM through Burn's Learner")]
+struct Args {
+    /// Model size: tiny, small, gpt2-124m, llama-1b (vocabulary comes from the tokenizer).
+    #[arg(long, default_value = "tiny")]
+    model: String,
+    /// auto, flex, wgpu, vulkan, metal, webgpu, cuda, rocm or cpu.
+    #[arg(long, env = "BURN_DEVICE", default_value = "auto")]
+    device: String,
+    /// UTF-8 text to train on (default: the corpus embedded in the binary).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Tokenizer to build when no `--tokenizer-file` is given.
+    #[arg(long, value_enum, default_value = "byte")]
+    tokenizer: TokenizerKind,
+    /// An existing Hugging Face `tokenizer.json` to use instead.
+    #[arg(long)]
+    tokenizer_file: Option<PathBuf>,
+    /// BPE vocabulary size (with `--tokenizer bpe`).
+    #[arg(long, default_value_t = 1024)]
+    vocab: usize,
+    #[arg(long, default_value_t = 128)]
+    seq: usize,
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    #[arg(long, default_value_t = 3)]
+    epochs: usize,
+    /// Cap on training batches per epoch.
+    #[arg(long)]
+    steps_per_epoch: Option<usize>,
+    #[arg(long, default_value_t = 3e-3)]
+    lr: f64,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Folder for checkpoints, logs and the exported weights.
+    #[arg(long, default_value = "artifacts/train")]
+    artifacts: PathBuf,
+    /// Continue the run in `--artifacts` from its last complete checkpoint.
+    #[arg(long)]
+    resume: bool,
+}
+
+fn main() {
+    if let Err(error) = run(Args::parse()) {
+        eprintln!("error: {error}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let device = DeviceChoice::from_arg_or_env(Some(&args.device))?.device()?;
+    let text = load_text(args.data.as_deref())?;
+    let tokenizer = match (&args.tokenizer_file, args.tokenizer) {
+        (Some(path), _) => TextTokenizer::from_file(path)?,
+        (None, TokenizerKind::Byte) => TextTokenizer::byte_level(),
+        (None, TokenizerKind::Bpe) => TextTokenizer::train_bpe(&text, args.vocab)?,
+    };
+    let tokens = tokenizer.encode(&text)?;
+    let mut model = LmConfig::preset(&args.model)?;
+    model.vocab_size = tokenizer.vocab_size();
+    let training = TrainingConfig::new()
+        .with_seq_len(args.seq)
+        .with_batch_size(args.batch)
+        .with_epochs(args.epochs)
+        .with_max_steps_per_epoch(args.steps_per_epoch)
+        .with_learning_rate(args.lr)
+        .with_seed(args.seed);
+    println!(
+        "model {} ({} parameters, vocab {}), {} tokens, device {}",
+        args.model,
+        human_count(model.param_count()),
+        model.vocab_size,
+        tokens.len(),
+        describe(&device)
+    );
+
+    let artifacts = Artifacts::new(&args.artifacts);
+    let meter = MemoryMeter::new(&device);
+    meter.reset_peak();
+    let started = Instant::now();
+    let report = train(&RunConfig::new(model, training), &tokens, &device, &artifacts, args.resume, false)?;
+    tokenizer.save(artifacts.dir().join("tokenizer.json"))?;
+
+    let last = report.epochs.last().ok_or("no epoch was trained")?;
+    let mean_speed = report.epochs.iter().map(|e| e.train_tokens_per_s).sum::<f64>() / report.epochs.len() as f64;
+    println!("\nsummary");
+    println!("  final train loss       {:.4}", last.train_loss);
+    println!("  final validation loss  {:.4}  (perplexity {:.2})", last.valid_loss, last.valid_loss.exp());
+    println!("  training speed         {mean_speed:.0} tokens/s");
+    println!("  peak memory            {} ({})", human_bytes(meter.peak_bytes()), peak_kind(&device));
+    println!("  wall time              {:.1} s", started.elapsed().as_secs_f64());
+    println!("  weights                {}", artifacts.weights().display());
+    Ok(())
+}
+
+fn peak_kind(device: &burn::prelude::Device) -> &'static str {
+    if device.memory_pool_usage().is_some() { "device memory pools, reserved" } else { "process heap" }
+}

@@ -1,0 +1,130 @@
+//! Tokenizers, text loading, token windows and batches.
+
+mod common;
+
+use std::sync::Arc;
+
+use burn::data::dataset::Dataset;
+use burn::prelude::*;
+use burn_memwall_models::Error;
+use burn_memwall_models::data::{DEFAULT_CORPUS, END_OF_TEXT, LmBatcher, TextTokenizer, TokenWindows, load_text};
+
+const SAMPLE: &str = "Fables: the fox, the crow — and the 🦊!\n\tΑλώπηξ καὶ βότρυς.\r\n";
+
+#[test]
+fn byte_level_tokenizer_is_exact_and_has_256_ids() {
+    let tokenizer = TextTokenizer::byte_level();
+    assert_eq!(tokenizer.vocab_size(), 256);
+    let ids = tokenizer.encode(SAMPLE).unwrap();
+    assert_eq!(ids.len(), SAMPLE.len(), "one id per byte");
+    assert!(ids.iter().all(|&id| id < 256));
+    assert_eq!(tokenizer.decode(&ids).unwrap(), SAMPLE);
+    // Distinct bytes map to distinct ids.
+    let distinct_bytes: std::collections::HashSet<u8> = SAMPLE.bytes().collect();
+    let distinct_ids: std::collections::HashSet<u32> = ids.iter().copied().collect();
+    assert_eq!(distinct_bytes.len(), distinct_ids.len());
+}
+
+#[test]
+fn bpe_learns_merges_round_trips_and_counts_added_tokens() {
+    let text = common::tinyshakespeare().unwrap_or_else(|| DEFAULT_CORPUS.repeat(4));
+    let text = &text[..text.len().min(300_000)];
+    let tokenizer = TextTokenizer::train_bpe(text, 600).unwrap();
+    assert_eq!(tokenizer.vocab_size(), 600, "256 bytes + merges + {END_OF_TEXT}");
+    let eot = tokenizer.encode(END_OF_TEXT).unwrap();
+    assert_eq!(eot.len(), 1, "the added token is one id");
+    assert!((eot[0] as usize) < tokenizer.vocab_size());
+
+    let ids = tokenizer.encode(text).unwrap();
+    assert!(ids.len() * 2 < text.len(), "merges compress: {} ids for {} bytes", ids.len(), text.len());
+    assert_eq!(tokenizer.decode(&ids).unwrap(), text);
+    assert_eq!(tokenizer.decode(&tokenizer.encode(SAMPLE).unwrap()).unwrap(), SAMPLE);
+}
+
+#[test]
+fn tokenizer_json_round_trips_and_loads_as_hugging_face_file() {
+    let dir = common::temp_dir();
+    let path = dir.path().join("tokenizer.json");
+    let trained = TextTokenizer::train_bpe(&DEFAULT_CORPUS.repeat(2), 400).unwrap();
+    trained.save(&path).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(json["model"]["type"], "BPE", "a standard Hugging Face tokenizer.json");
+
+    let loaded = TextTokenizer::from_file(&path).unwrap();
+    assert_eq!(loaded.vocab_size(), trained.vocab_size());
+    assert_eq!(loaded.encode(DEFAULT_CORPUS).unwrap(), trained.encode(DEFAULT_CORPUS).unwrap());
+}
+
+#[test]
+fn bad_tokenizer_inputs_are_clear_errors() {
+    let missing = TextTokenizer::from_file("/no/such/tokenizer.json").unwrap_err();
+    assert!(matches!(missing, Error::Io { .. }), "{missing}");
+    assert!(missing.to_string().contains("/no/such/tokenizer.json"));
+
+    let dir = common::temp_dir();
+    let garbage = dir.path().join("tokenizer.json");
+    std::fs::write(&garbage, "{ not json").unwrap();
+    assert!(matches!(TextTokenizer::from_file(&garbage).unwrap_err(), Error::Tokenizer(_)));
+
+    assert!(matches!(TextTokenizer::train_bpe("some text", 100).unwrap_err(), Error::Tokenizer(_)));
+    assert!(matches!(TextTokenizer::train_bpe("  \n ", 1000).unwrap_err(), Error::Data(_)));
+}
+
+#[test]
+fn text_loading_rejects_missing_empty_and_binary_files() {
+    assert_eq!(load_text(None).unwrap(), DEFAULT_CORPUS);
+    assert!(DEFAULT_CORPUS.len() > 10_000);
+
+    let dir = common::temp_dir();
+    let missing = load_text(Some(&dir.path().join("missing.txt"))).unwrap_err();
+    assert!(matches!(missing, Error::Io { .. }) && missing.to_string().contains("missing.txt"), "{missing}");
+
+    let empty = dir.path().join("empty.txt");
+    std::fs::write(&empty, " \n\n").unwrap();
+    let error = load_text(Some(&empty)).unwrap_err();
+    assert!(matches!(error, Error::Data(_)) && error.to_string().contains("empty"), "{error}");
+
+    let binary = dir.path().join("binary.bin");
+    std::fs::write(&binary, [0x66, 0x6f, 0xff, 0xfe]).unwrap();
+    let error = load_text(Some(&binary)).unwrap_err();
+    assert!(error.to_string().contains("not UTF-8"), "{error}");
+}
+
+#[test]
+fn windows_shift_targets_by_one_and_split_without_overlap() {
+    let tokens: Vec<u32> = (0..103).collect();
+    let (train, valid) = TokenWindows::split(&tokens, 10, 200, 0.2).unwrap();
+    assert_eq!(train.len(), 8, "(82 - 1) / 10 windows of 11 in the first 82 tokens");
+    assert_eq!(valid.len(), 2);
+    assert_eq!(train.get(1).unwrap(), (10..21).collect::<Vec<_>>());
+    assert_eq!(valid.get(0).unwrap(), (82..93).collect::<Vec<_>>());
+    assert!(train.get(8).is_err(), "past the end is an error, not a panic");
+
+    let device = Device::flex();
+    let batch = LmBatcher::batch_windows(&[train.get(0).unwrap(), train.get(3).unwrap()], &device);
+    assert_eq!(batch.inputs.dims(), [2, 10]);
+    let inputs = batch.inputs.into_data().try_into_vec_as::<i64>().unwrap();
+    let targets = batch.targets.into_data().try_into_vec_as::<i64>().unwrap();
+    assert_eq!(&inputs[..3], &[0, 1, 2]);
+    assert_eq!(&targets[..3], &[1, 2, 3]);
+    assert_eq!(&inputs[10..13], &[30, 31, 32]);
+    assert_eq!(targets[19], 40);
+}
+
+#[test]
+fn bad_token_data_is_a_clear_error() {
+    let tokens: Arc<[u32]> = vec![1, 2, 300, 4, 5].into();
+    let error = TokenWindows::new(tokens, 2, 256).unwrap_err();
+    assert!(
+        matches!(error, Error::TokenOutOfRange { id: 300, position: 2, vocab_size: 256 }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("300") && error.to_string().contains("256"));
+
+    let short: Arc<[u32]> = vec![1, 2, 3].into();
+    assert!(matches!(TokenWindows::new(short, 8, 256).unwrap_err(), Error::Data(_)));
+    let tokens: Vec<u32> = (0..50).collect();
+    let error = TokenWindows::split(&tokens, 10, 256, 0.05).unwrap_err();
+    assert!(error.to_string().contains("validation split"), "{error}");
+    assert!(TokenWindows::split(&tokens, 10, 256, 1.5).is_err());
+}

@@ -1,0 +1,103 @@
+//! The reference language model: shapes, causality, parameter counts, config errors.
+
+mod common;
+
+use burn::module::Module;
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn_memwall_models::Error;
+use burn_memwall_models::lm::{LmConfig, MlpKind, PRESETS};
+
+/// A small config exercising grouped-query attention and an untied head.
+fn small_gqa() -> LmConfig {
+    LmConfig::new(97, 48, 2, 6, 2, 80, 32).with_tie_embeddings(false)
+}
+
+fn random_tokens(batch: usize, seq: usize, vocab: usize, device: &Device) -> Tensor<2, Int> {
+    Tensor::<2, Int>::random([batch, seq], Distribution::Uniform(0.0, vocab as f64), device)
+}
+
+#[test]
+fn logits_have_batch_seq_vocab_shape_on_every_device() {
+    for device in common::devices() {
+        for config in [LmConfig::preset("tiny").unwrap(), small_gqa()] {
+            let model = config.init(&device).unwrap();
+            let logits = model.forward(random_tokens(3, 17, config.vocab_size, &device));
+            assert_eq!(logits.dims(), [3, 17, config.vocab_size], "{device:?}");
+            let values = logits.into_data().try_into_vec_as::<f32>().unwrap();
+            assert!(values.iter().all(|v| v.is_finite()));
+        }
+    }
+}
+
+#[test]
+fn attention_is_causal() {
+    for device in common::devices() {
+        let config = small_gqa();
+        let model = config.init(&device).unwrap();
+        let tokens = random_tokens(1, 12, config.vocab_size, &device);
+        let changed = tokens.clone().slice_assign([0..1, 8..12], Tensor::zeros([1, 4], &device) + 1);
+        let before = model.forward(tokens.clone());
+        let after = model.forward(changed);
+        // Positions before the change see the same prefix, so their logits are identical.
+        before.clone().slice([0..1, 0..8]).into_data().assert_approx_eq::<f32>(
+            &after.clone().slice([0..1, 0..8]).into_data(),
+            burn::tensor::Tolerance::absolute(1e-5),
+        );
+        let later_diff = (before.slice([0..1, 8..12]) - after.slice([0..1, 8..12])).abs().max().into_scalar::<f32>();
+        assert!(later_diff > 1e-4, "changing tokens must change their own logits ({later_diff})");
+    }
+}
+
+#[test]
+fn param_count_is_exact() {
+    let device = Device::flex();
+    let variants = [
+        LmConfig::preset("tiny").unwrap(),
+        LmConfig::preset("small").unwrap(),
+        small_gqa(),
+        small_gqa().with_mlp(MlpKind::ReluSquared).with_tie_embeddings(true),
+    ];
+    for config in variants {
+        let model = config.init(&device).unwrap();
+        assert_eq!(model.num_params(), config.param_count(), "{config}");
+    }
+}
+
+#[test]
+fn presets_have_their_advertised_sizes() {
+    let count = |name| LmConfig::preset(name).unwrap().param_count() as f64;
+    assert!((0.8e6..1.3e6).contains(&count("tiny")));
+    assert!((8e6..12e6).contains(&count("small")));
+    assert!((123e6..125e6).contains(&count("gpt2-124m")));
+    assert!((1.05e9..1.15e9).contains(&count("llama-1b")));
+    let llama = LmConfig::preset("llama-1b").unwrap();
+    assert_eq!((llama.d_model, llama.n_layers, llama.vocab_size), (2048, 22, 32000));
+    assert_eq!(PRESETS.len(), 4);
+}
+
+#[test]
+fn bad_configs_are_clear_errors() {
+    let device = Device::flex();
+    let cases = [
+        (LmConfig::new(100, 50, 2, 3, 3, 64, 16), "n_heads = 3 does not divide d_model = 50"),
+        (LmConfig::new(100, 48, 2, 6, 4, 64, 16), "n_kv_heads = 4 does not divide n_heads = 6"),
+        (LmConfig::new(0, 48, 2, 6, 6, 64, 16), "vocab_size must be positive"),
+        (LmConfig::new(100, 48, 2, 16, 16, 64, 16), "even head width"),
+    ];
+    for (config, message) in cases {
+        let error = config.init(&device).unwrap_err();
+        assert!(matches!(error, Error::InvalidConfig(_)));
+        assert!(error.to_string().contains(message), "{error}");
+    }
+    let error = LmConfig::preset("gpt5").unwrap_err();
+    assert!(error.to_string().contains("unknown model `gpt5`") && error.to_string().contains("llama-1b"));
+}
+
+#[test]
+#[should_panic(expected = "sequence length 33 exceeds the model's context of 32 tokens")]
+fn a_sequence_longer_than_the_context_is_refused_by_name() {
+    let device = Device::flex();
+    let model = small_gqa().init(&device).unwrap();
+    model.forward(random_tokens(1, 33, 97, &device));
+}

@@ -1,0 +1,151 @@
+//! Training through burn-train's Learner: the loss falls, resume is exact, weights round-trip.
+
+mod common;
+
+use std::sync::Mutex;
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::prelude::*;
+use burn_memwall_models::Error;
+use burn_memwall_models::checkpoint::{load_safetensors, save_safetensors};
+use burn_memwall_models::data::{DEFAULT_CORPUS, TextTokenizer};
+use burn_memwall_models::lm::{LanguageModel, LmConfig};
+use burn_memwall_models::training::{Artifacts, RunConfig, TrainReport, TrainingConfig, train};
+
+/// The RNG that seeds model weights is global per backend: training runs take turns so each
+/// starts from exactly its own seed.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn model_config() -> LmConfig {
+    LmConfig::new(256, 64, 2, 4, 2, 128, 64)
+}
+
+fn run_config(epochs: usize) -> RunConfig {
+    let training = TrainingConfig::new()
+        .with_seq_len(32)
+        .with_batch_size(8)
+        .with_epochs(epochs)
+        .with_max_steps_per_epoch(Some(12))
+        .with_learning_rate(1e-2);
+    RunConfig::new(model_config(), training)
+}
+
+fn corpus_tokens() -> Vec<u32> {
+    TextTokenizer::byte_level().encode(DEFAULT_CORPUS).unwrap()
+}
+
+/// (train, validation) loss of each epoch; speeds differ between runs, losses must not.
+fn losses(report: &TrainReport) -> Vec<(f64, f64)> {
+    report.epochs.iter().map(|e| (e.train_loss, e.valid_loss)).collect()
+}
+
+fn run(config: &RunConfig, device: &Device, artifacts: &Artifacts, resume: bool) -> Result<TrainReport, Error> {
+    let _turn = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    train(config, &corpus_tokens(), device, artifacts, resume, true)
+}
+
+#[test]
+fn loss_falls_well_below_uniform_and_resume_continues_exactly() {
+    for device in common::devices() {
+        let uninterrupted_dir = common::temp_dir();
+        let full = run(&run_config(3), &device, &Artifacts::new(uninterrupted_dir.path()), false).unwrap();
+        assert_eq!(full.epochs.len(), 3);
+        let uniform = (256f64).ln();
+        let last = full.epochs[2];
+        assert!(full.epochs[0].train_loss < uniform, "{:?}", full.epochs);
+        assert!(last.train_loss < 0.6 * uniform, "train loss {} after 36 steps on {device:?}", last.train_loss);
+        assert!(last.valid_loss < 0.6 * uniform, "valid loss {} after 36 steps on {device:?}", last.valid_loss);
+        assert!(last.train_tokens_per_s > 0.0);
+
+        let interrupted_dir = common::temp_dir();
+        let artifacts = Artifacts::new(interrupted_dir.path());
+        let first = run(&run_config(2), &device, &artifacts, false).unwrap();
+        assert_eq!(losses(&first), losses(&full)[..2], "same seed, same first epochs");
+        let resumed = run(&run_config(3), &device, &artifacts, true).unwrap();
+        assert_eq!(resumed.epochs.len(), 1, "only the remaining epoch is trained");
+        // Flex is deterministic; Cube autotuning may pick other kernels in another run.
+        let tolerance = if format!("{device:?}").contains("Flex") { 1e-6 } else { 1e-3 };
+        for (got, want) in [(resumed.epochs[0].train_loss, last.train_loss), (resumed.epochs[0].valid_loss, last.valid_loss)] {
+            assert!((got - want).abs() <= tolerance * want, "resumed {got} vs uninterrupted {want} on {device:?}");
+        }
+        assert!(artifacts.weights().exists());
+    }
+}
+
+/// Every parameter's values, in visiting order.
+fn parameters(model: &LanguageModel) -> Vec<TensorData> {
+    struct Collect(Vec<TensorData>);
+    impl ModuleVisitor for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0.push(param.val().into_data());
+        }
+    }
+    let mut collect = Collect(Vec::new());
+    model.visit(&mut collect);
+    collect.0
+}
+
+#[test]
+fn safetensors_export_round_trips_bit_exactly() {
+    for device in common::devices() {
+        let dir = common::temp_dir();
+        let path = dir.path().join("model.safetensors");
+        device.seed(1);
+        let original = model_config().init(&device).unwrap();
+        save_safetensors(&original, &path).unwrap();
+        device.seed(2);
+        let fresh = model_config().init(&device).unwrap();
+        assert_ne!(parameters(&fresh)[0], parameters(&original)[0], "different seeds, different weights");
+
+        let loaded = load_safetensors(fresh, &path).unwrap();
+        let (want, got) = (parameters(&original), parameters(&loaded));
+        assert_eq!(want.len(), got.len());
+        for (w, g) in want.iter().zip(&got) {
+            assert_eq!(w.as_bytes(), g.as_bytes(), "bit-exact round trip on {device:?}");
+        }
+        let saved = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(saved, 1, "no temporary file is left behind");
+    }
+}
+
+#[test]
+fn weights_or_checkpoints_from_another_config_are_refused() {
+    let device = Device::flex();
+    let dir = common::temp_dir();
+    let path = dir.path().join("model.safetensors");
+    save_safetensors(&model_config().init(&device).unwrap(), &path).unwrap();
+    let mut wider = model_config();
+    wider.d_ff = 96;
+    let wider = wider.init(&device).unwrap();
+    let error = load_safetensors(wider, &path).unwrap_err();
+    assert!(matches!(error, Error::Checkpoint { .. }), "{error}");
+    assert!(error.to_string().contains("model.safetensors"), "{error}");
+    let error = load_safetensors(model_config().init(&device).unwrap(), dir.path().join("none.safetensors")).unwrap_err();
+    assert!(matches!(error, Error::Io { .. }), "{error}");
+
+    let artifacts = Artifacts::new(dir.path().join("run"));
+    run(&run_config(1), &device, &artifacts, false).unwrap();
+    let mut other = run_config(2);
+    other.model.d_ff = 96;
+    let error = run(&other, &device, &artifacts, true).unwrap_err();
+    assert!(error.to_string().contains("d_ff: 128 → 96"), "{error}");
+
+    let error = run(&run_config(2), &device, &Artifacts::new(dir.path().join("empty")), true).unwrap_err();
+    assert!(matches!(error, Error::Checkpoint { .. }), "{error}");
+}
+
+#[test]
+fn bad_training_inputs_are_clear_errors() {
+    let device = Device::flex();
+    let dir = common::temp_dir();
+    let artifacts = Artifacts::new(dir.path());
+    let mut long = run_config(1);
+    long.training.seq_len = 65;
+    let error = run(&long, &device, &artifacts, false).unwrap_err();
+    assert!(error.to_string().contains("sequence length 65 exceeds the model's context of 64"), "{error}");
+
+    let mut small_vocab = run_config(1);
+    small_vocab.model.vocab_size = 100;
+    let error = run(&small_vocab, &device, &artifacts, false).unwrap_err();
+    assert!(matches!(error, Error::TokenOutOfRange { vocab_size: 100, .. }), "{error}");
+}
