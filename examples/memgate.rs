@@ -116,11 +116,9 @@ fn run_all(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         match (output.status.success(), row) {
             (true, Some(row)) => rows.push(serde_json::from_str::<Row>(row)?),
             _ => {
-                return Err(format!(
-                    "stack `{stack}` failed:\n{}",
-                    String::from_utf8_lossy(&output.stderr).trim_end()
-                )
-                .into());
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                let first_lines: Vec<&str> = stderr.lines().take(12).collect();
+                return Err(format!("stack `{stack}` failed:\n{}", first_lines.join("\n")).into());
             }
         }
     }

@@ -13,7 +13,7 @@ use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes};
 use burn_memwall::DeviceChoice;
 use burn_memwall_models::data::{TextTokenizer, load_text};
-use burn_memwall_models::lm::{LmConfig, human_count};
+use burn_memwall_models::lm::{LmConfig, PRESETS, human_count};
 use burn_memwall_models::training::{Artifacts, RunConfig, TrainingConfig, train};
 use clap::{Parser, ValueEnum};
 
@@ -68,6 +68,9 @@ struct Args {
     /// Continue the run in `--artifacts` from its last complete checkpoint.
     #[arg(long)]
     resume: bool,
+    /// Print the named model sizes with their parameter counts and exit.
+    #[arg(long)]
+    list_models: bool,
 }
 
 fn main() {
@@ -78,6 +81,9 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if args.list_models {
+        return list_models();
+    }
     let device = DeviceChoice::from_arg_or_env(Some(&args.device))?.device()?;
     let text = load_text(args.data.as_deref())?;
     let tokenizer = match (&args.tokenizer_file, args.tokenizer) {
@@ -120,6 +126,25 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     println!("  peak memory            {} ({})", human_bytes(meter.peak_bytes()), peak_kind(&device));
     println!("  wall time              {:.1} s", started.elapsed().as_secs_f64());
     println!("  weights                {}", artifacts.weights().display());
+    Ok(())
+}
+
+fn list_models() -> Result<(), Box<dyn std::error::Error>> {
+    println!("{:<10} {:>10} {:>6} {:>7} {:>6} {:>9} {:>6} {:>8}", "model", "parameters", "d", "layers", "heads", "kv heads", "vocab", "context");
+    for name in PRESETS {
+        let c = LmConfig::preset(name)?;
+        println!(
+            "{name:<10} {:>10} {:>6} {:>7} {:>6} {:>9} {:>6} {:>8}",
+            human_count(c.param_count()),
+            c.d_model,
+            c.n_layers,
+            c.n_heads,
+            c.n_kv_heads,
+            c.vocab_size,
+            c.max_seq_len
+        );
+    }
+    println!("(training replaces the vocabulary with the tokenizer's)");
     Ok(())
 }
 

@@ -128,3 +128,31 @@ fn bad_token_data_is_a_clear_error() {
     assert!(error.to_string().contains("validation split"), "{error}");
     assert!(TokenWindows::split(&tokens, 10, 256, 1.5).is_err());
 }
+
+/// A `tokenizer.json` written by another library (here a WordLevel model with two added
+/// tokens, one of them outside the model's vocabulary) loads, and its vocabulary size counts
+/// the added tokens, since the embedding must cover every id the tokenizer can emit.
+#[test]
+fn a_foreign_hugging_face_tokenizer_loads_with_its_added_tokens() {
+    let json = r#"{
+      "version": "1.0",
+      "truncation": null,
+      "padding": null,
+      "added_tokens": [
+        {"id": 0, "content": "[UNK]", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+        {"id": 5, "content": "<pad>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}
+      ],
+      "normalizer": null,
+      "pre_tokenizer": {"type": "Whitespace"},
+      "post_processor": null,
+      "decoder": null,
+      "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "the": 1, "fox": 2, "and": 3, "grapes": 4}, "unk_token": "[UNK]"}
+    }"#;
+    let dir = common::temp_dir();
+    let path = dir.path().join("tokenizer.json");
+    std::fs::write(&path, json).unwrap();
+    let tokenizer = TextTokenizer::from_file(&path).unwrap();
+    assert_eq!(tokenizer.vocab_size(), 6, "5 model ids + the added <pad>");
+    assert_eq!(tokenizer.encode("the fox and the crow").unwrap(), vec![1, 2, 3, 1, 0]);
+    assert_eq!(tokenizer.encode("<pad>").unwrap(), vec![5]);
+}

@@ -149,3 +149,14 @@ fn bad_training_inputs_are_clear_errors() {
     let error = run(&small_vocab, &device, &artifacts, false).unwrap_err();
     assert!(matches!(error, Error::TokenOutOfRange { vocab_size: 100, .. }), "{error}");
 }
+
+#[test]
+fn a_fresh_run_clears_the_checkpoints_of_an_earlier_one() {
+    let device = Device::flex();
+    let dir = common::temp_dir();
+    let artifacts = Artifacts::new(dir.path());
+    run(&run_config(2), &device, &artifacts, false).unwrap();
+    assert_eq!(artifacts.last_complete_epoch(), Some(2));
+    run(&run_config(1), &device, &artifacts, false).unwrap();
+    assert_eq!(artifacts.last_complete_epoch(), Some(1), "epoch 2 of the old run must not be resumable");
+}

@@ -150,7 +150,8 @@ impl fmt::Display for DeviceChoice {
     }
 }
 
-/// A short human-readable name of a started device, e.g. `flex` or `wgpu (llvmpipe)`.
+/// A short human-readable name of a started device: `flex`, or `cube/` and the adapter's name
+/// without its details (`cube/llvmpipe`, `cube/NVIDIA H200`).
 pub fn describe(device: &Device) -> String {
     let debug = format!("{device:?}");
     if debug.contains("Flex") {
@@ -158,7 +159,8 @@ pub fn describe(device: &Device) -> String {
     }
     #[cfg(feature = "cube")]
     if let Some(identity) = device.identity() {
-        return format!("cube ({})", identity.name);
+        let name = identity.name.split(" (").next().unwrap_or(&identity.name);
+        return format!("cube/{name}");
     }
     debug
 }

@@ -99,6 +99,19 @@ impl Artifacts {
         self.dir.join("model.safetensors")
     }
 
+    /// Clears what an earlier run left (so a later resume cannot pick up its checkpoints) and
+    /// records `run`.
+    fn start_fresh(&self, run: &RunConfig) -> Result<(), Error> {
+        for stale in ["checkpoint", "train", "valid"] {
+            let path = self.dir.join(stale);
+            if path.exists() {
+                std::fs::remove_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+            }
+        }
+        std::fs::create_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
+        write_atomically(&self.run_config(), run.to_string().as_bytes())
+    }
+
     /// The last epoch whose model, optimizer and scheduler were all written. The Learner writes
     /// the three on separate threads, so after a crash only some may exist for the last epoch.
     pub fn last_complete_epoch(&self) -> Option<usize> {
@@ -139,8 +152,7 @@ pub fn train(
 
     let start_epoch = if resume { check_resumable(run, artifacts, device)? } else { 0 };
     if !resume {
-        std::fs::create_dir_all(artifacts.dir()).map_err(|e| Error::io(artifacts.dir(), e))?;
-        write_atomically(&artifacts.run_config(), run.to_string().as_bytes())?;
+        artifacts.start_fresh(run)?;
     }
     if start_epoch >= training.epochs {
         return Err(Error::Training(format!(

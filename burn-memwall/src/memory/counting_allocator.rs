@@ -45,6 +45,15 @@ impl CountingAllocator {
         PEAK.fetch_max(live, Ordering::Relaxed);
     }
 
+    /// Counts a fresh allocation of `bytes` at `ptr` (null: it failed, nothing to count).
+    fn counted(ptr: *mut u8, bytes: usize) -> *mut u8 {
+        if !ptr.is_null() {
+            INSTALLED.store(true, Ordering::Relaxed);
+            Self::grow(bytes);
+        }
+        ptr
+    }
+
     fn shrink(bytes: usize) {
         LIVE.fetch_sub(bytes, Ordering::Relaxed);
     }
@@ -54,21 +63,11 @@ impl CountingAllocator {
 // handed out.
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let ptr = unsafe { System.alloc(layout) };
-        if !ptr.is_null() {
-            INSTALLED.store(true, Ordering::Relaxed);
-            Self::grow(layout.size());
-        }
-        ptr
+        Self::counted(unsafe { System.alloc(layout) }, layout.size())
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let ptr = unsafe { System.alloc_zeroed(layout) };
-        if !ptr.is_null() {
-            INSTALLED.store(true, Ordering::Relaxed);
-            Self::grow(layout.size());
-        }
-        ptr
+        Self::counted(unsafe { System.alloc_zeroed(layout) }, layout.size())
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
