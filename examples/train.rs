@@ -53,7 +53,7 @@ struct Args {
     seq: usize,
     #[arg(long, default_value_t = 8)]
     batch: usize,
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 10)]
     epochs: usize,
     /// Cap on training batches per epoch.
     #[arg(long)]

@@ -134,20 +134,30 @@ fn weights_or_checkpoints_from_another_config_are_refused() {
     assert!(matches!(error, Error::Checkpoint { .. }), "{error}");
 }
 
-#[test]
-fn bad_training_inputs_are_clear_errors() {
-    let device = Device::flex();
+/// Trains a fresh Flex run of `run_config(1)` changed by `edit`, expecting an error; returns it
+/// with the artifacts folder the run used.
+fn failed_run(edit: impl FnOnce(&mut RunConfig)) -> (Error, Artifacts, tempfile::TempDir) {
     let dir = common::temp_dir();
     let artifacts = Artifacts::new(dir.path());
-    let mut long = run_config(1);
-    long.training.seq_len = 65;
-    let error = run(&long, &device, &artifacts, false).unwrap_err();
-    assert!(error.to_string().contains("sequence length 65 exceeds the model's context of 64"), "{error}");
+    let mut config = run_config(1);
+    edit(&mut config);
+    let error = run(&config, &Device::flex(), &artifacts, false).unwrap_err();
+    (error, artifacts, dir)
+}
 
-    let mut small_vocab = run_config(1);
-    small_vocab.model.vocab_size = 100;
-    let error = run(&small_vocab, &device, &artifacts, false).unwrap_err();
+#[test]
+fn bad_training_inputs_are_clear_errors() {
+    let (error, ..) = failed_run(|c| c.training.seq_len = 65);
+    assert!(error.to_string().contains("sequence length 65 exceeds the model's context of 64"), "{error}");
+    let (error, ..) = failed_run(|c| c.model.vocab_size = 100);
     assert!(matches!(error, Error::TokenOutOfRange { vocab_size: 100, .. }), "{error}");
+}
+
+#[test]
+fn a_diverged_run_is_an_error_not_a_saved_model() {
+    let (error, artifacts, _dir) = failed_run(|c| c.training.learning_rate = 1e30);
+    assert!(error.to_string().contains("diverged"), "{error}");
+    assert!(!artifacts.weights().exists(), "no weights are exported from a diverged run");
 }
 
 #[test]

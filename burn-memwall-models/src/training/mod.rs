@@ -36,7 +36,7 @@ pub struct TrainingConfig {
     #[config(default = 8)]
     pub batch_size: usize,
     /// Total epochs (a resumed run continues up to this number).
-    #[config(default = 3)]
+    #[config(default = 10)]
     pub epochs: usize,
     /// Stop each epoch's training split after this many batches.
     pub max_steps_per_epoch: Option<usize>,
@@ -189,8 +189,14 @@ pub fn train(
     if let Some(error) = result.error {
         return Err(Error::Training(error.to_string()));
     }
-    save_safetensors(&result.model, artifacts.weights())?;
     let epochs = records.lock().expect("records lock").clone();
+    if let Some(diverged) = epochs.iter().find(|e| !(e.train_loss.is_finite() && e.valid_loss.is_finite())) {
+        return Err(Error::Training(format!(
+            "the loss diverged in epoch {} (train {}, validation {}); lower the learning rate",
+            diverged.epoch, diverged.train_loss, diverged.valid_loss
+        )));
+    }
+    save_safetensors(&result.model, artifacts.weights())?;
     Ok(TrainReport { epochs, model: result.model })
 }
 
