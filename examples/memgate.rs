@@ -8,16 +8,16 @@
 //! or pool peaks. Today the only stack is `baseline` (Burn attention, full logits +
 //! `CrossEntropyLoss`, AdamW); each burn-memwall part adds its own row.
 
-use std::path::PathBuf;
-use std::process::Command;
 use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, human_bytes};
 use burn_memwall_models::data::{TextTokenizer, load_text};
-use burn_memwall_models::training::measure_baseline_steps;
 use burn_memwall_models::lm::{LmConfig, human_count};
+use burn_memwall_models::training::measure_baseline_steps;
 use clap::Parser;
 use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::process::Command;
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -85,7 +85,10 @@ fn main() {
     let args = Args::parse();
     let result = match &args.worker {
         Some(stack) => run_stack(&args, stack).map(|row| {
-            println!("{ROW_PREFIX}{}", serde_json::to_string(&row).expect("rows serialise"));
+            println!(
+                "{ROW_PREFIX}{}",
+                serde_json::to_string(&row).expect("rows serialise")
+            );
         }),
         None => run_all(&args),
     };
@@ -102,7 +105,11 @@ fn run_all(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         args.stacks.clone()
     };
     if let Some(unknown) = stacks.iter().find(|s| !STACKS.contains(&s.as_str())) {
-        return Err(format!("unknown stack `{unknown}`; expected one of {}", STACKS.join(", ")).into());
+        return Err(format!(
+            "unknown stack `{unknown}`; expected one of {}",
+            STACKS.join(", ")
+        )
+        .into());
     }
     let mut rows = Vec::new();
     for stack in &stacks {
@@ -112,7 +119,9 @@ fn run_all(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             .args(["--worker", stack])
             .output()?;
         let stdout = String::from_utf8_lossy(&output.stdout);
-        let row = stdout.lines().find_map(|line| line.strip_prefix(ROW_PREFIX));
+        let row = stdout
+            .lines()
+            .find_map(|line| line.strip_prefix(ROW_PREFIX));
         match (output.status.success(), row) {
             (true, Some(row)) => rows.push(serde_json::from_str::<Row>(row)?),
             _ => {
@@ -133,7 +142,16 @@ fn run_all(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
 fn print_table(rows: &[Row]) {
     println!(
         "{:<10} {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
-        "stack", "device", "peak", "persistent", "params", "optim", "grads", "acts+work", "tokens/s", "loss"
+        "stack",
+        "device",
+        "peak",
+        "persistent",
+        "params",
+        "optim",
+        "grads",
+        "acts+work",
+        "tokens/s",
+        "loss"
     );
     for r in rows {
         println!(
@@ -168,8 +186,13 @@ fn run_stack(args: &Args, stack: &str) -> Result<Row, Box<dyn std::error::Error>
     let config = LmConfig::preset(&args.model)?;
     // Byte ids fit every preset's vocabulary, so all models train on the same data.
     let tokens = TextTokenizer::byte_level().encode(&load_text(args.data.as_deref())?)?;
-    let windows: Vec<Vec<u32>> = tokens.chunks_exact(args.seq + 1).map(<[u32]>::to_vec).collect();
-    let measured = measure_baseline_steps(&config, &windows, args.batch, args.steps, args.lr, args.seed, &device)?;
+    let windows: Vec<Vec<u32>> = tokens
+        .chunks_exact(args.seq + 1)
+        .map(<[u32]>::to_vec)
+        .collect();
+    let measured = measure_baseline_steps(
+        &config, &windows, args.batch, args.steps, args.lr, args.seed, &device,
+    )?;
     let pools = measured.pools;
     Ok(Row {
         stack: stack.to_owned(),

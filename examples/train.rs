@@ -9,9 +9,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes};
-use burn_memwall::DeviceChoice;
 use burn_memwall_models::data::{TextTokenizer, load_text};
 use burn_memwall_models::lm::{LmConfig, PRESETS, human_count};
 use burn_memwall_models::training::{Artifacts, RunConfig, TrainingConfig, train};
@@ -114,23 +114,49 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let meter = MemoryMeter::new(&device);
     meter.reset_peak();
     let started = Instant::now();
-    let report = train(&RunConfig::new(model, training), &tokens, &device, &artifacts, args.resume, false)?;
+    let report = train(
+        &RunConfig::new(model, training),
+        &tokens,
+        &device,
+        &artifacts,
+        args.resume,
+        false,
+    )?;
     tokenizer.save(artifacts.dir().join("tokenizer.json"))?;
 
     let last = report.epochs.last().ok_or("no epoch was trained")?;
-    let mean_speed = report.epochs.iter().map(|e| e.train_tokens_per_s).sum::<f64>() / report.epochs.len() as f64;
+    let mean_speed = report
+        .epochs
+        .iter()
+        .map(|e| e.train_tokens_per_s)
+        .sum::<f64>()
+        / report.epochs.len() as f64;
     println!("\nsummary");
     println!("  final train loss       {:.4}", last.train_loss);
-    println!("  final validation loss  {:.4}  (perplexity {:.2})", last.valid_loss, last.valid_loss.exp());
+    println!(
+        "  final validation loss  {:.4}  (perplexity {:.2})",
+        last.valid_loss,
+        last.valid_loss.exp()
+    );
     println!("  training speed         {mean_speed:.0} tokens/s");
-    println!("  peak memory            {} ({})", human_bytes(meter.peak_bytes()), peak_kind(&device));
-    println!("  wall time              {:.1} s", started.elapsed().as_secs_f64());
+    println!(
+        "  peak memory            {} ({})",
+        human_bytes(meter.peak_bytes()),
+        peak_kind(&device)
+    );
+    println!(
+        "  wall time              {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     println!("  weights                {}", artifacts.weights().display());
     Ok(())
 }
 
 fn list_models() -> Result<(), Box<dyn std::error::Error>> {
-    println!("{:<10} {:>10} {:>6} {:>7} {:>6} {:>9} {:>6} {:>8}", "model", "parameters", "d", "layers", "heads", "kv heads", "vocab", "context");
+    println!(
+        "{:<10} {:>10} {:>6} {:>7} {:>6} {:>9} {:>6} {:>8}",
+        "model", "parameters", "d", "layers", "heads", "kv heads", "vocab", "context"
+    );
     for name in PRESETS {
         let c = LmConfig::preset(name)?;
         println!(
@@ -149,5 +175,9 @@ fn list_models() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn peak_kind(device: &burn::prelude::Device) -> &'static str {
-    if device.memory_pool_usage().is_some() { "device memory pools, reserved" } else { "process heap" }
+    if device.memory_pool_usage().is_some() {
+        "device memory pools, reserved"
+    } else {
+        "process heap"
+    }
 }

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use burn::data::dataset::Dataset;
 use burn::prelude::*;
 use burn_memwall_models::Error;
-use burn_memwall_models::data::{DEFAULT_CORPUS, END_OF_TEXT, LmBatcher, TextTokenizer, TokenWindows, load_text};
+use burn_memwall_models::data::{
+    DEFAULT_CORPUS, END_OF_TEXT, LmBatcher, TextTokenizer, TokenWindows, load_text,
+};
 
 const SAMPLE: &str = "Fables: the fox, the crow — and the 🦊!\n\tΑλώπηξ καὶ βότρυς.\r\n";
 
@@ -30,15 +32,29 @@ fn bpe_learns_merges_round_trips_and_counts_added_tokens() {
     let text = common::tinyshakespeare().unwrap_or_else(|| DEFAULT_CORPUS.repeat(4));
     let text = &text[..text.len().min(300_000)];
     let tokenizer = TextTokenizer::train_bpe(text, 600).unwrap();
-    assert_eq!(tokenizer.vocab_size(), 600, "256 bytes + merges + {END_OF_TEXT}");
+    assert_eq!(
+        tokenizer.vocab_size(),
+        600,
+        "256 bytes + merges + {END_OF_TEXT}"
+    );
     let eot = tokenizer.encode(END_OF_TEXT).unwrap();
     assert_eq!(eot.len(), 1, "the added token is one id");
     assert!((eot[0] as usize) < tokenizer.vocab_size());
 
     let ids = tokenizer.encode(text).unwrap();
-    assert!(ids.len() * 2 < text.len(), "merges compress: {} ids for {} bytes", ids.len(), text.len());
+    assert!(
+        ids.len() * 2 < text.len(),
+        "merges compress: {} ids for {} bytes",
+        ids.len(),
+        text.len()
+    );
     assert_eq!(tokenizer.decode(&ids).unwrap(), text);
-    assert_eq!(tokenizer.decode(&tokenizer.encode(SAMPLE).unwrap()).unwrap(), SAMPLE);
+    assert_eq!(
+        tokenizer
+            .decode(&tokenizer.encode(SAMPLE).unwrap())
+            .unwrap(),
+        SAMPLE
+    );
 }
 
 #[test]
@@ -47,12 +63,19 @@ fn tokenizer_json_round_trips_and_loads_as_hugging_face_file() {
     let path = dir.path().join("tokenizer.json");
     let trained = TextTokenizer::train_bpe(&DEFAULT_CORPUS.repeat(2), 400).unwrap();
     trained.save(&path).unwrap();
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    assert_eq!(json["model"]["type"], "BPE", "a standard Hugging Face tokenizer.json");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(
+        json["model"]["type"], "BPE",
+        "a standard Hugging Face tokenizer.json"
+    );
 
     let loaded = TextTokenizer::from_file(&path).unwrap();
     assert_eq!(loaded.vocab_size(), trained.vocab_size());
-    assert_eq!(loaded.encode(DEFAULT_CORPUS).unwrap(), trained.encode(DEFAULT_CORPUS).unwrap());
+    assert_eq!(
+        loaded.encode(DEFAULT_CORPUS).unwrap(),
+        trained.encode(DEFAULT_CORPUS).unwrap()
+    );
 }
 
 #[test]
@@ -64,10 +87,19 @@ fn bad_tokenizer_inputs_are_clear_errors() {
     let dir = common::temp_dir();
     let garbage = dir.path().join("tokenizer.json");
     std::fs::write(&garbage, "{ not json").unwrap();
-    assert!(matches!(TextTokenizer::from_file(&garbage).unwrap_err(), Error::Tokenizer(_)));
+    assert!(matches!(
+        TextTokenizer::from_file(&garbage).unwrap_err(),
+        Error::Tokenizer(_)
+    ));
 
-    assert!(matches!(TextTokenizer::train_bpe("some text", 100).unwrap_err(), Error::Tokenizer(_)));
-    assert!(matches!(TextTokenizer::train_bpe("  \n ", 1000).unwrap_err(), Error::Data(_)));
+    assert!(matches!(
+        TextTokenizer::train_bpe("some text", 100).unwrap_err(),
+        Error::Tokenizer(_)
+    ));
+    assert!(matches!(
+        TextTokenizer::train_bpe("  \n ", 1000).unwrap_err(),
+        Error::Data(_)
+    ));
 }
 
 #[test]
@@ -77,12 +109,18 @@ fn text_loading_rejects_missing_empty_and_binary_files() {
 
     let dir = common::temp_dir();
     let missing = load_text(Some(&dir.path().join("missing.txt"))).unwrap_err();
-    assert!(matches!(missing, Error::Io { .. }) && missing.to_string().contains("missing.txt"), "{missing}");
+    assert!(
+        matches!(missing, Error::Io { .. }) && missing.to_string().contains("missing.txt"),
+        "{missing}"
+    );
 
     let empty = dir.path().join("empty.txt");
     std::fs::write(&empty, " \n\n").unwrap();
     let error = load_text(Some(&empty)).unwrap_err();
-    assert!(matches!(error, Error::Data(_)) && error.to_string().contains("empty"), "{error}");
+    assert!(
+        matches!(error, Error::Data(_)) && error.to_string().contains("empty"),
+        "{error}"
+    );
 
     let binary = dir.path().join("binary.bin");
     std::fs::write(&binary, [0x66, 0x6f, 0xff, 0xfe]).unwrap();
@@ -94,11 +132,18 @@ fn text_loading_rejects_missing_empty_and_binary_files() {
 fn windows_shift_targets_by_one_and_split_without_overlap() {
     let tokens: Vec<u32> = (0..103).collect();
     let (train, valid) = TokenWindows::split(&tokens, 10, 200, 0.2).unwrap();
-    assert_eq!(train.len(), 8, "(82 - 1) / 10 windows of 11 in the first 82 tokens");
+    assert_eq!(
+        train.len(),
+        8,
+        "(82 - 1) / 10 windows of 11 in the first 82 tokens"
+    );
     assert_eq!(valid.len(), 2);
     assert_eq!(train.get(1).unwrap(), (10..21).collect::<Vec<_>>());
     assert_eq!(valid.get(0).unwrap(), (82..93).collect::<Vec<_>>());
-    assert!(train.get(8).is_err(), "past the end is an error, not a panic");
+    assert!(
+        train.get(8).is_err(),
+        "past the end is an error, not a panic"
+    );
 
     let device = Device::flex();
     let batch = LmBatcher::batch_windows(&[train.get(0).unwrap(), train.get(3).unwrap()], &device);
@@ -116,13 +161,23 @@ fn bad_token_data_is_a_clear_error() {
     let tokens: Arc<[u32]> = vec![1, 2, 300, 4, 5].into();
     let error = TokenWindows::new(tokens, 2, 256).unwrap_err();
     assert!(
-        matches!(error, Error::TokenOutOfRange { id: 300, position: 2, vocab_size: 256 }),
+        matches!(
+            error,
+            Error::TokenOutOfRange {
+                id: 300,
+                position: 2,
+                vocab_size: 256
+            }
+        ),
         "{error}"
     );
     assert!(error.to_string().contains("300") && error.to_string().contains("256"));
 
     let short: Arc<[u32]> = vec![1, 2, 3].into();
-    assert!(matches!(TokenWindows::new(short, 8, 256).unwrap_err(), Error::Data(_)));
+    assert!(matches!(
+        TokenWindows::new(short, 8, 256).unwrap_err(),
+        Error::Data(_)
+    ));
     let tokens: Vec<u32> = (0..50).collect();
     let error = TokenWindows::split(&tokens, 10, 256, 0.05).unwrap_err();
     assert!(error.to_string().contains("validation split"), "{error}");
@@ -153,6 +208,9 @@ fn a_foreign_hugging_face_tokenizer_loads_with_its_added_tokens() {
     std::fs::write(&path, json).unwrap();
     let tokenizer = TextTokenizer::from_file(&path).unwrap();
     assert_eq!(tokenizer.vocab_size(), 6, "5 model ids + the added <pad>");
-    assert_eq!(tokenizer.encode("the fox and the crow").unwrap(), vec![1, 2, 3, 1, 0]);
+    assert_eq!(
+        tokenizer.encode("the fox and the crow").unwrap(),
+        vec![1, 2, 3, 1, 0]
+    );
     assert_eq!(tokenizer.encode("<pad>").unwrap(), vec![5]);
 }

@@ -8,7 +8,10 @@ fn every_name_parses_and_prints_back() {
         let choice: DeviceChoice = name.parse().unwrap();
         assert_eq!(choice.to_string(), name);
     }
-    assert_eq!(" WGPU ".parse::<DeviceChoice>().unwrap(), DeviceChoice::Wgpu);
+    assert_eq!(
+        " WGPU ".parse::<DeviceChoice>().unwrap(),
+        DeviceChoice::Wgpu
+    );
 }
 
 #[test]
@@ -16,19 +19,31 @@ fn unknown_names_list_the_valid_ones() {
     let error = "tpu".parse::<DeviceChoice>().unwrap_err();
     assert!(matches!(error, DeviceError::Unknown(_)));
     let message = error.to_string();
-    assert!(message.contains("`tpu`") && message.contains("flex") && message.contains("cuda"), "{message}");
+    assert!(
+        message.contains("`tpu`") && message.contains("flex") && message.contains("cuda"),
+        "{message}"
+    );
 }
 
 #[test]
 fn the_command_line_wins_over_burn_device() {
     // Only this test touches BURN_DEVICE in this binary.
     unsafe { std::env::set_var("BURN_DEVICE", "wgpu") };
-    assert_eq!(DeviceChoice::from_arg_or_env(Some("flex")).unwrap(), DeviceChoice::Flex);
-    assert_eq!(DeviceChoice::from_arg_or_env(None).unwrap(), DeviceChoice::Wgpu);
+    assert_eq!(
+        DeviceChoice::from_arg_or_env(Some("flex")).unwrap(),
+        DeviceChoice::Flex
+    );
+    assert_eq!(
+        DeviceChoice::from_arg_or_env(None).unwrap(),
+        DeviceChoice::Wgpu
+    );
     unsafe { std::env::set_var("BURN_DEVICE", "nope") };
     assert!(DeviceChoice::from_arg_or_env(None).is_err());
     unsafe { std::env::remove_var("BURN_DEVICE") };
-    assert_eq!(DeviceChoice::from_arg_or_env(None).unwrap(), DeviceChoice::Auto);
+    assert_eq!(
+        DeviceChoice::from_arg_or_env(None).unwrap(),
+        DeviceChoice::Auto
+    );
 }
 
 #[test]
@@ -40,11 +55,19 @@ fn flex_always_starts_and_auto_finds_a_device() {
 
 #[test]
 fn a_backend_not_compiled_in_says_which_feature_to_enable() {
-    let missing = [DeviceChoice::Cuda, DeviceChoice::Rocm, DeviceChoice::Cpu, DeviceChoice::Metal]
-        .into_iter()
-        .find(|choice| !DeviceChoice::compiled().contains(choice))
-        .expect("this test binary is built without some backend");
+    let missing = [
+        DeviceChoice::Cuda,
+        DeviceChoice::Rocm,
+        DeviceChoice::Cpu,
+        DeviceChoice::Metal,
+    ]
+    .into_iter()
+    .find(|choice| !DeviceChoice::compiled().contains(choice))
+    .expect("this test binary is built without some backend");
     let error = missing.device().unwrap_err();
     assert!(matches!(error, DeviceError::NotCompiled(_)));
-    assert!(error.to_string().contains(&format!("--features {missing}")), "{error}");
+    assert!(
+        error.to_string().contains(&format!("--features {missing}")),
+        "{error}"
+    );
 }

@@ -14,7 +14,11 @@ fn small_gqa() -> LmConfig {
 }
 
 fn random_tokens(batch: usize, seq: usize, vocab: usize, device: &Device) -> Tensor<2, Int> {
-    Tensor::<2, Int>::random([batch, seq], Distribution::Uniform(0.0, vocab as f64), device)
+    Tensor::<2, Int>::random(
+        [batch, seq],
+        Distribution::Uniform(0.0, vocab as f64),
+        device,
+    )
 }
 
 #[test]
@@ -36,16 +40,28 @@ fn attention_is_causal() {
         let config = small_gqa();
         let model = config.init(&device).unwrap();
         let tokens = random_tokens(1, 12, config.vocab_size, &device);
-        let changed = tokens.clone().slice_assign([0..1, 8..12], Tensor::zeros([1, 4], &device) + 1);
+        let changed = tokens
+            .clone()
+            .slice_assign([0..1, 8..12], Tensor::zeros([1, 4], &device) + 1);
         let before = model.forward(tokens.clone());
         let after = model.forward(changed);
         // Positions before the change see the same prefix, so their logits are identical.
-        before.clone().slice([0..1, 0..8]).into_data().assert_approx_eq::<f32>(
-            &after.clone().slice([0..1, 0..8]).into_data(),
-            burn::tensor::Tolerance::absolute(1e-5),
+        before
+            .clone()
+            .slice([0..1, 0..8])
+            .into_data()
+            .assert_approx_eq::<f32>(
+                &after.clone().slice([0..1, 0..8]).into_data(),
+                burn::tensor::Tolerance::absolute(1e-5),
+            );
+        let later_diff = (before.slice([0..1, 8..12]) - after.slice([0..1, 8..12]))
+            .abs()
+            .max()
+            .into_scalar::<f32>();
+        assert!(
+            later_diff > 1e-4,
+            "changing tokens must change their own logits ({later_diff})"
         );
-        let later_diff = (before.slice([0..1, 8..12]) - after.slice([0..1, 8..12])).abs().max().into_scalar::<f32>();
-        assert!(later_diff > 1e-4, "changing tokens must change their own logits ({later_diff})");
     }
 }
 
@@ -56,7 +72,9 @@ fn param_count_is_exact() {
         LmConfig::preset("tiny").unwrap(),
         LmConfig::preset("small").unwrap(),
         small_gqa(),
-        small_gqa().with_mlp(MlpKind::ReluSquared).with_tie_embeddings(true),
+        small_gqa()
+            .with_mlp(MlpKind::ReluSquared)
+            .with_tie_embeddings(true),
     ];
     for config in variants {
         let model = config.init(&device).unwrap();
@@ -72,7 +90,10 @@ fn presets_have_their_advertised_sizes() {
     assert!((123e6..125e6).contains(&count("gpt2-124m")));
     assert!((1.05e9..1.15e9).contains(&count("llama-1b")));
     let llama = LmConfig::preset("llama-1b").unwrap();
-    assert_eq!((llama.d_model, llama.n_layers, llama.vocab_size), (2048, 22, 32000));
+    assert_eq!(
+        (llama.d_model, llama.n_layers, llama.vocab_size),
+        (2048, 22, 32000)
+    );
     assert_eq!(PRESETS.len(), 4);
 }
 
@@ -80,9 +101,18 @@ fn presets_have_their_advertised_sizes() {
 fn bad_configs_are_clear_errors() {
     let device = Device::flex();
     let cases = [
-        (LmConfig::new(100, 50, 2, 3, 3, 64, 16), "n_heads = 3 does not divide d_model = 50"),
-        (LmConfig::new(100, 48, 2, 6, 4, 64, 16), "n_kv_heads = 4 does not divide n_heads = 6"),
-        (LmConfig::new(0, 48, 2, 6, 6, 64, 16), "vocab_size must be positive"),
+        (
+            LmConfig::new(100, 50, 2, 3, 3, 64, 16),
+            "n_heads = 3 does not divide d_model = 50",
+        ),
+        (
+            LmConfig::new(100, 48, 2, 6, 4, 64, 16),
+            "n_kv_heads = 4 does not divide n_heads = 6",
+        ),
+        (
+            LmConfig::new(0, 48, 2, 6, 6, 64, 16),
+            "vocab_size must be positive",
+        ),
         (LmConfig::new(100, 48, 2, 16, 16, 64, 16), "even head width"),
     ];
     for (config, message) in cases {
@@ -91,7 +121,10 @@ fn bad_configs_are_clear_errors() {
         assert!(error.to_string().contains(message), "{error}");
     }
     let error = LmConfig::preset("gpt5").unwrap_err();
-    assert!(error.to_string().contains("unknown model `gpt5`") && error.to_string().contains("llama-1b"));
+    assert!(
+        error.to_string().contains("unknown model `gpt5`")
+            && error.to_string().contains("llama-1b")
+    );
 }
 
 #[test]

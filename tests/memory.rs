@@ -25,11 +25,17 @@ fn the_meter_sees_a_tensor_come_and_go() {
         meter.reset_peak();
         let tensor = Tensor::<2>::ones([1024, 16 * 1024], &device); // 64 MiB of f32
         let with_tensor = meter.live_bytes();
-        assert!(with_tensor >= 64 * MIB, "{device:?}: live {with_tensor} after a 64 MiB tensor");
+        assert!(
+            with_tensor >= 64 * MIB,
+            "{device:?}: live {with_tensor} after a 64 MiB tensor"
+        );
         assert!(meter.peak_bytes() >= with_tensor);
         drop(tensor);
         let freed = with_tensor.saturating_sub(meter.live_bytes());
-        assert!((63 * MIB..66 * MIB).contains(&freed), "{device:?}: dropping 64 MiB freed {freed} bytes");
+        assert!(
+            (63 * MIB..66 * MIB).contains(&freed),
+            "{device:?}: dropping 64 MiB freed {freed} bytes"
+        );
     }
 }
 
@@ -38,7 +44,10 @@ fn pools_split_the_peak() {
     let pools = PoolBreakdown::new(1000, 100, 200, 100);
     assert_eq!(pools.activations_and_workspace, 600);
     assert_eq!(pools.persistent(), 300);
-    assert_eq!(PoolBreakdown::new(100, 100, 200, 100).activations_and_workspace, 0);
+    assert_eq!(
+        PoolBreakdown::new(100, 100, 200, 100).activations_and_workspace,
+        0
+    );
 }
 
 /// The baseline step must hold at least its logits and their gradient, parameters, AdamW's two
@@ -52,18 +61,30 @@ fn a_baseline_step_holds_its_logits_and_scales_with_the_batch() {
     let tokens = TextTokenizer::byte_level().encode(DEFAULT_CORPUS).unwrap();
     let windows: Vec<Vec<u32>> = tokens.chunks_exact(seq + 1).map(<[u32]>::to_vec).collect();
 
-    let measure = |batch| measure_baseline_steps(&config, &windows, batch, 3, 1e-3, 7, &device).unwrap();
+    let measure =
+        |batch| measure_baseline_steps(&config, &windows, batch, 3, 1e-3, 7, &device).unwrap();
     let (small, large) = (measure(2), measure(4));
     let params = (config.param_count() * 4) as u64;
     assert_eq!(small.pools.parameters, params);
     let state = small.pools.optimizer_state as f64;
-    assert!((1.9..2.5).contains(&(state / params as f64)), "AdamW keeps two moments: {state} vs {params}");
+    assert!(
+        (1.9..2.5).contains(&(state / params as f64)),
+        "AdamW keeps two moments: {state} vs {params}"
+    );
 
     for (batch, m) in [(2u64, &small), (4, &large)] {
         let logits = batch * (seq * vocab * 4) as u64;
-        assert!(m.pools.activations_and_workspace >= 2 * logits, "logits and their gradient: {:?}", m.pools);
+        assert!(
+            m.pools.activations_and_workspace >= 2 * logits,
+            "logits and their gradient: {:?}",
+            m.pools
+        );
         assert!(m.loss.is_finite() && m.tokens_per_s > 0.0);
     }
-    let growth = large.pools.activations_and_workspace as f64 / small.pools.activations_and_workspace as f64;
-    assert!((1.6..2.4).contains(&growth), "activations grow with the batch: ×{growth:.2}");
+    let growth =
+        large.pools.activations_and_workspace as f64 / small.pools.activations_and_workspace as f64;
+    assert!(
+        (1.6..2.4).contains(&growth),
+        "activations grow with the batch: ×{growth:.2}"
+    );
 }

@@ -36,11 +36,22 @@ fn corpus_tokens() -> Vec<u32> {
 
 /// (train, validation) loss of each epoch; speeds differ between runs, losses must not.
 fn losses(report: &TrainReport) -> Vec<(f64, f64)> {
-    report.epochs.iter().map(|e| (e.train_loss, e.valid_loss)).collect()
+    report
+        .epochs
+        .iter()
+        .map(|e| (e.train_loss, e.valid_loss))
+        .collect()
 }
 
-fn run(config: &RunConfig, device: &Device, artifacts: &Artifacts, resume: bool) -> Result<TrainReport, Error> {
-    let _turn = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+fn run(
+    config: &RunConfig,
+    device: &Device,
+    artifacts: &Artifacts,
+    resume: bool,
+) -> Result<TrainReport, Error> {
+    let _turn = SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     train(config, &corpus_tokens(), device, artifacts, resume, true)
 }
 
@@ -48,25 +59,57 @@ fn run(config: &RunConfig, device: &Device, artifacts: &Artifacts, resume: bool)
 fn loss_falls_well_below_uniform_and_resume_continues_exactly() {
     for device in common::devices() {
         let uninterrupted_dir = common::temp_dir();
-        let full = run(&run_config(3), &device, &Artifacts::new(uninterrupted_dir.path()), false).unwrap();
+        let full = run(
+            &run_config(3),
+            &device,
+            &Artifacts::new(uninterrupted_dir.path()),
+            false,
+        )
+        .unwrap();
         assert_eq!(full.epochs.len(), 3);
         let uniform = (256f64).ln();
         let last = full.epochs[2];
         assert!(full.epochs[0].train_loss < uniform, "{:?}", full.epochs);
-        assert!(last.train_loss < 0.6 * uniform, "train loss {} after 36 steps on {device:?}", last.train_loss);
-        assert!(last.valid_loss < 0.6 * uniform, "valid loss {} after 36 steps on {device:?}", last.valid_loss);
+        assert!(
+            last.train_loss < 0.6 * uniform,
+            "train loss {} after 36 steps on {device:?}",
+            last.train_loss
+        );
+        assert!(
+            last.valid_loss < 0.6 * uniform,
+            "valid loss {} after 36 steps on {device:?}",
+            last.valid_loss
+        );
         assert!(last.train_tokens_per_s > 0.0);
 
         let interrupted_dir = common::temp_dir();
         let artifacts = Artifacts::new(interrupted_dir.path());
         let first = run(&run_config(2), &device, &artifacts, false).unwrap();
-        assert_eq!(losses(&first), losses(&full)[..2], "same seed, same first epochs");
+        assert_eq!(
+            losses(&first),
+            losses(&full)[..2],
+            "same seed, same first epochs"
+        );
         let resumed = run(&run_config(3), &device, &artifacts, true).unwrap();
-        assert_eq!(resumed.epochs.len(), 1, "only the remaining epoch is trained");
+        assert_eq!(
+            resumed.epochs.len(),
+            1,
+            "only the remaining epoch is trained"
+        );
         // Flex is deterministic; Cube autotuning may pick other kernels in another run.
-        let tolerance = if format!("{device:?}").contains("Flex") { 1e-6 } else { 1e-3 };
-        for (got, want) in [(resumed.epochs[0].train_loss, last.train_loss), (resumed.epochs[0].valid_loss, last.valid_loss)] {
-            assert!((got - want).abs() <= tolerance * want, "resumed {got} vs uninterrupted {want} on {device:?}");
+        let tolerance = if format!("{device:?}").contains("Flex") {
+            1e-6
+        } else {
+            1e-3
+        };
+        for (got, want) in [
+            (resumed.epochs[0].train_loss, last.train_loss),
+            (resumed.epochs[0].valid_loss, last.valid_loss),
+        ] {
+            assert!(
+                (got - want).abs() <= tolerance * want,
+                "resumed {got} vs uninterrupted {want} on {device:?}"
+            );
         }
         assert!(artifacts.weights().exists());
     }
@@ -95,13 +138,21 @@ fn safetensors_export_round_trips_bit_exactly() {
         save_safetensors(&original, &path).unwrap();
         device.seed(2);
         let fresh = model_config().init(&device).unwrap();
-        assert_ne!(parameters(&fresh)[0], parameters(&original)[0], "different seeds, different weights");
+        assert_ne!(
+            parameters(&fresh)[0],
+            parameters(&original)[0],
+            "different seeds, different weights"
+        );
 
         let loaded = load_safetensors(fresh, &path).unwrap();
         let (want, got) = (parameters(&original), parameters(&loaded));
         assert_eq!(want.len(), got.len());
         for (w, g) in want.iter().zip(&got) {
-            assert_eq!(w.as_bytes(), g.as_bytes(), "bit-exact round trip on {device:?}");
+            assert_eq!(
+                w.as_bytes(),
+                g.as_bytes(),
+                "bit-exact round trip on {device:?}"
+            );
         }
         let saved = std::fs::read_dir(dir.path()).unwrap().count();
         assert_eq!(saved, 1, "no temporary file is left behind");
@@ -120,7 +171,11 @@ fn weights_or_checkpoints_from_another_config_are_refused() {
     let error = load_safetensors(wider, &path).unwrap_err();
     assert!(matches!(error, Error::Checkpoint { .. }), "{error}");
     assert!(error.to_string().contains("model.safetensors"), "{error}");
-    let error = load_safetensors(model_config().init(&device).unwrap(), dir.path().join("none.safetensors")).unwrap_err();
+    let error = load_safetensors(
+        model_config().init(&device).unwrap(),
+        dir.path().join("none.safetensors"),
+    )
+    .unwrap_err();
     assert!(matches!(error, Error::Io { .. }), "{error}");
 
     let artifacts = Artifacts::new(dir.path().join("run"));
@@ -130,7 +185,13 @@ fn weights_or_checkpoints_from_another_config_are_refused() {
     let error = run(&other, &device, &artifacts, true).unwrap_err();
     assert!(error.to_string().contains("d_ff: 128 → 96"), "{error}");
 
-    let error = run(&run_config(2), &device, &Artifacts::new(dir.path().join("empty")), true).unwrap_err();
+    let error = run(
+        &run_config(2),
+        &device,
+        &Artifacts::new(dir.path().join("empty")),
+        true,
+    )
+    .unwrap_err();
     assert!(matches!(error, Error::Checkpoint { .. }), "{error}");
 }
 
@@ -148,16 +209,33 @@ fn failed_run(edit: impl FnOnce(&mut RunConfig)) -> (Error, Artifacts, tempfile:
 #[test]
 fn bad_training_inputs_are_clear_errors() {
     let (error, ..) = failed_run(|c| c.training.seq_len = 65);
-    assert!(error.to_string().contains("sequence length 65 exceeds the model's context of 64"), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("sequence length 65 exceeds the model's context of 64"),
+        "{error}"
+    );
     let (error, ..) = failed_run(|c| c.model.vocab_size = 100);
-    assert!(matches!(error, Error::TokenOutOfRange { vocab_size: 100, .. }), "{error}");
+    assert!(
+        matches!(
+            error,
+            Error::TokenOutOfRange {
+                vocab_size: 100,
+                ..
+            }
+        ),
+        "{error}"
+    );
 }
 
 #[test]
 fn a_diverged_run_is_an_error_not_a_saved_model() {
     let (error, artifacts, _dir) = failed_run(|c| c.training.learning_rate = 1e30);
     assert!(error.to_string().contains("diverged"), "{error}");
-    assert!(!artifacts.weights().exists(), "no weights are exported from a diverged run");
+    assert!(
+        !artifacts.weights().exists(),
+        "no weights are exported from a diverged run"
+    );
 }
 
 #[test]
@@ -168,5 +246,9 @@ fn a_fresh_run_clears_the_checkpoints_of_an_earlier_one() {
     run(&run_config(2), &device, &artifacts, false).unwrap();
     assert_eq!(artifacts.last_complete_epoch(), Some(2));
     run(&run_config(1), &device, &artifacts, false).unwrap();
-    assert_eq!(artifacts.last_complete_epoch(), Some(1), "epoch 2 of the old run must not be resumable");
+    assert_eq!(
+        artifacts.last_complete_epoch(),
+        Some(1),
+        "epoch 2 of the old run must not be resumable"
+    );
 }

@@ -26,7 +26,12 @@ pub fn save_safetensors<M: Module>(module: &M, path: impl AsRef<Path>) -> Result
     let path = path.as_ref();
     let tmp = temporary_sibling(path);
     let mut store = SafetensorsStore::from_file(&tmp).overwrite(true);
-    module.save_into(&mut store).map_err(|e| Error::Checkpoint { path: path.into(), reason: e.to_string() })?;
+    module
+        .save_into(&mut store)
+        .map_err(|e| Error::Checkpoint {
+            path: path.into(),
+            reason: e.to_string(),
+        })?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
 }
 
@@ -37,10 +42,15 @@ pub fn load_safetensors<M: Module>(module: M, path: impl AsRef<Path>) -> Result<
     if !path.exists() {
         return Err(Error::io(path, std::io::ErrorKind::NotFound.into()));
     }
-    let fail = |reason: String| Error::Checkpoint { path: path.into(), reason };
+    let fail = |reason: String| Error::Checkpoint {
+        path: path.into(),
+        reason,
+    };
     let mut module = module;
     let mut store = SafetensorsStore::from_file(path);
-    let result = module.load_from(&mut store).map_err(|e| fail(e.to_string()))?;
+    let result = module
+        .load_from(&mut store)
+        .map_err(|e| fail(e.to_string()))?;
     if !result.errors.is_empty() || !result.missing.is_empty() || !result.unused.is_empty() {
         return Err(fail(format!(
             "does not match the model: errors {:?}, missing {:?}, unexpected {:?}",

@@ -9,8 +9,14 @@ pub enum Error {
     #[error("invalid model config: {0}")]
     InvalidConfig(String),
     /// A token id is not below the model's vocabulary size.
-    #[error("token id {id} at position {position} is out of range for a vocabulary of {vocab_size}")]
-    TokenOutOfRange { id: u32, position: usize, vocab_size: usize },
+    #[error(
+        "token id {id} at position {position} is out of range for a vocabulary of {vocab_size}"
+    )]
+    TokenOutOfRange {
+        id: u32,
+        position: usize,
+        vocab_size: usize,
+    },
     /// A batch is longer than the model's context.
     #[error("sequence length {seq_len} exceeds the model's context of {max_seq_len} tokens")]
     SequenceTooLong { seq_len: usize, max_seq_len: usize },
@@ -19,7 +25,10 @@ pub enum Error {
     Data(String),
     /// A file could not be read or written.
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// Tokenizer training, loading or encoding failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
@@ -33,6 +42,9 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Self::Io { path: path.into(), source }
+        Self::Io {
+            path: path.into(),
+            source,
+        }
     }
 }

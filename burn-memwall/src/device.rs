@@ -38,13 +38,17 @@ pub enum DeviceError {
     #[error("device `{0}` is not compiled in; rebuild with `--features {0}`")]
     NotCompiled(DeviceChoice),
     /// The device is compiled in but did not start (no adapter, no driver).
-    #[error("device `{0}` is compiled in but could not start on this machine (no adapter or driver found)")]
+    #[error(
+        "device `{0}` is compiled in but could not start on this machine (no adapter or driver found)"
+    )]
     Unavailable(DeviceChoice),
 }
 
 impl DeviceChoice {
     /// Every accepted name, in `--device` order.
-    pub const NAMES: [&'static str; 9] = ["auto", "flex", "wgpu", "vulkan", "metal", "webgpu", "cuda", "rocm", "cpu"];
+    pub const NAMES: [&'static str; 9] = [
+        "auto", "flex", "wgpu", "vulkan", "metal", "webgpu", "cuda", "rocm", "cpu",
+    ];
 
     /// Devices compiled into this binary, best first (the order `Auto` tries them in).
     pub fn compiled() -> Vec<DeviceChoice> {
@@ -66,7 +70,10 @@ impl DeviceChoice {
 
     /// The device named on the command line, else in `BURN_DEVICE`, else `Auto`.
     pub fn from_arg_or_env(arg: Option<&str>) -> Result<Self, DeviceError> {
-        match arg.map(str::to_owned).or_else(|| std::env::var("BURN_DEVICE").ok()) {
+        match arg
+            .map(str::to_owned)
+            .or_else(|| std::env::var("BURN_DEVICE").ok())
+        {
             Some(name) => name.parse(),
             None => Ok(Self::Auto),
         }
@@ -82,7 +89,11 @@ impl DeviceChoice {
                 .ok_or(DeviceError::Unavailable(Self::Flex));
         }
         let device = self.construct().ok_or(DeviceError::NotCompiled(self))?;
-        if runs_an_op(&device) { Ok(device) } else { Err(DeviceError::Unavailable(self)) }
+        if runs_an_op(&device) {
+            Ok(device)
+        } else {
+            Err(DeviceError::Unavailable(self))
+        }
     }
 
     #[allow(unreachable_code)] // every arm but one is cfg'd out in a single-backend build
@@ -145,7 +156,9 @@ impl FromStr for DeviceChoice {
 
 impl fmt::Display for DeviceChoice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let index = Self::NAMES.iter().position(|n| n.parse::<Self>().ok() == Some(*self));
+        let index = Self::NAMES
+            .iter()
+            .position(|n| n.parse::<Self>().ok() == Some(*self));
         f.write_str(Self::NAMES[index.expect("every choice has a name")])
     }
 }

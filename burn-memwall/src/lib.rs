@@ -6,9 +6,11 @@
 //! and the tools to measure them:
 //!
 //! - [`device`]: one runtime device choice for every program (`--device`, `BURN_DEVICE`);
-//! - [`memory`]: peak-memory measurement of a training step, split into pools.
+//! - [`memory`]: peak-memory measurement of a training step, split into pools;
+//! - [`ops`]: the memory-lean ops (flash attention's tiled algorithm so far).
 
 pub mod device;
 pub mod memory;
+pub mod ops;
 
 pub use device::{DeviceChoice, DeviceError};

@@ -22,7 +22,8 @@ pub fn devices() -> Vec<Device> {
 
 /// `../shared/data/tinyshakespeare.txt` when this checkout sits beside the shared folder.
 pub fn tinyshakespeare() -> Option<String> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/tinyshakespeare.txt");
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/tinyshakespeare.txt");
     std::fs::read_to_string(path).ok()
 }
 

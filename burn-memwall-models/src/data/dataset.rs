@@ -22,8 +22,16 @@ impl TokenWindows {
         if seq_len == 0 {
             return Err(Error::Data("sequence length must be positive".into()));
         }
-        if let Some((position, &id)) = tokens.iter().enumerate().find(|&(_, &id)| id as usize >= vocab_size) {
-            return Err(Error::TokenOutOfRange { id, position, vocab_size });
+        if let Some((position, &id)) = tokens
+            .iter()
+            .enumerate()
+            .find(|&(_, &id)| id as usize >= vocab_size)
+        {
+            return Err(Error::TokenOutOfRange {
+                id,
+                position,
+                vocab_size,
+            });
         }
         if tokens.len() < seq_len + 1 {
             return Err(Error::Data(format!(
@@ -54,7 +62,10 @@ impl TokenWindows {
                 other => other,
             })
         };
-        Ok((part(&tokens[..cut], "training")?, part(&tokens[cut..], "validation")?))
+        Ok((
+            part(&tokens[..cut], "training")?,
+            part(&tokens[cut..], "validation")?,
+        ))
     }
 
     /// Tokens per window fed to the model.
@@ -70,7 +81,10 @@ impl Dataset<Vec<u32>> for TokenWindows {
             .get(start..start + self.seq_len + 1)
             .map(<[u32]>::to_vec)
             .ok_or_else(|| {
-                DatasetError::new(Error::Data(format!("window {index} is past the last of {}", self.len())))
+                DatasetError::new(Error::Data(format!(
+                    "window {index} is past the last of {}",
+                    self.len()
+                )))
             })
     }
 
@@ -95,17 +109,28 @@ impl LmBatcher {
     pub fn batch_windows(windows: &[Vec<u32>], device: &Device) -> LmBatch {
         let batch = windows.len();
         let window = windows.first().map_or(0, Vec::len);
-        assert!(window >= 2, "a window needs at least two tokens (one input, one target)");
+        assert!(
+            window >= 2,
+            "a window needs at least two tokens (one input, one target)"
+        );
         let seq = window - 1;
         let mut inputs = Vec::with_capacity(batch * seq);
         let mut targets = Vec::with_capacity(batch * seq);
         for w in windows {
-            assert_eq!(w.len(), window, "all windows of a batch must have the same length");
+            assert_eq!(
+                w.len(),
+                window,
+                "all windows of a batch must have the same length"
+            );
             inputs.extend(w[..seq].iter().map(|&t| t as i64));
             targets.extend(w[1..].iter().map(|&t| t as i64));
         }
-        let tensor = |ids: Vec<i64>| Tensor::<2, Int>::from_data(TensorData::new(ids, [batch, seq]), device);
-        LmBatch { inputs: tensor(inputs), targets: tensor(targets) }
+        let tensor =
+            |ids: Vec<i64>| Tensor::<2, Int>::from_data(TensorData::new(ids, [batch, seq]), device);
+        LmBatch {
+            inputs: tensor(inputs),
+            targets: tensor(targets),
+        }
     }
 }
 

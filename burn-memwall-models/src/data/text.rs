@@ -14,7 +14,11 @@ pub fn load_text(path: Option<&Path>) -> Result<String, Error> {
     };
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let text = String::from_utf8(bytes).map_err(|e| {
-        Error::Data(format!("{} is not UTF-8 text (byte {})", path.display(), e.utf8_error().valid_up_to()))
+        Error::Data(format!(
+            "{} is not UTF-8 text (byte {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        ))
     })?;
     if text.trim().is_empty() {
         return Err(Error::Data(format!("{} is empty", path.display())));

@@ -42,7 +42,11 @@ impl TextTokenizer {
         if text.trim().is_empty() {
             return Err(Error::Data("cannot train a tokenizer on empty text".into()));
         }
-        Self::train_byte_level_bpe(text.lines(), vocab_size, vec![AddedToken::from(END_OF_TEXT, true)])
+        Self::train_byte_level_bpe(
+            text.lines(),
+            vocab_size,
+            vec![AddedToken::from(END_OF_TEXT, true)],
+        )
     }
 
     fn train_byte_level_bpe<'a>(
@@ -53,7 +57,9 @@ impl TextTokenizer {
         // No prefix space: decoding then gives back exactly the text that was encoded.
         let byte_level = ByteLevel::default().add_prefix_space(false);
         let mut inner = Tokenizer::new(BPE::default());
-        inner.with_pre_tokenizer(Some(byte_level)).with_decoder(Some(byte_level));
+        inner
+            .with_pre_tokenizer(Some(byte_level))
+            .with_decoder(Some(byte_level));
         let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
             .show_progress(false)
             .vocab_size(vocab_size)
@@ -62,7 +68,9 @@ impl TextTokenizer {
             .special_tokens(special_tokens)
             .build()
             .into();
-        inner.train(&mut trainer, lines).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        inner
+            .train(&mut trainer, lines)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
         Ok(Self { inner })
     }
 
@@ -79,7 +87,10 @@ impl TextTokenizer {
 
     /// Writes `tokenizer.json` (to a temporary name first, so a crash leaves no half file).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<(), Error> {
-        let json = self.inner.to_string(true).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let json = self
+            .inner
+            .to_string(true)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
         write_atomically(path.as_ref(), json.as_bytes())
     }
 
@@ -90,12 +101,17 @@ impl TextTokenizer {
 
     /// Token ids of `text`, without adding special tokens.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, Error> {
-        let encoding = self.inner.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
         Ok(encoding.get_ids().to_vec())
     }
 
     /// Text of `ids`, special tokens kept.
     pub fn decode(&self, ids: &[u32]) -> Result<String, Error> {
-        self.inner.decode(ids, false).map_err(|e| Error::Tokenizer(e.to_string()))
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))
     }
 }

@@ -47,9 +47,13 @@ impl CausalSelfAttention {
         let v = heads(self.value.forward(x), self.n_kv_heads);
         let (k, v) = (self.repeat_kv(k), self.repeat_kv(v));
 
-        let options = AttentionModuleOptions { is_causal: true, ..Default::default() };
+        let options = AttentionModuleOptions {
+            is_causal: true,
+            ..Default::default()
+        };
         let out = attention(q, k, v, None, None, options);
-        self.output.forward(out.swap_dims(1, 2).reshape([batch, seq, d_model]))
+        self.output
+            .forward(out.swap_dims(1, 2).reshape([batch, seq, d_model]))
     }
 
     /// `[batch, kv_heads, seq, d_head]` → `[batch, heads, seq, d_head]`: Burn's autodiff

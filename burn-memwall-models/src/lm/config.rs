@@ -56,7 +56,9 @@ impl LmConfig {
         let config = match name {
             "tiny" => Self::new(256, 128, 5, 4, 4, 384, 256),
             "small" => Self::new(4096, 384, 6, 6, 2, 1024, 1024),
-            "gpt2-124m" => Self::new(50257, 768, 12, 12, 12, 3072, 1024).with_mlp(MlpKind::ReluSquared),
+            "gpt2-124m" => {
+                Self::new(50257, 768, 12, 12, 12, 3072, 1024).with_mlp(MlpKind::ReluSquared)
+            }
             "llama-1b" => Self::new(32000, 2048, 22, 32, 4, 5632, 2048).with_tie_embeddings(false),
             _ => {
                 return Err(Error::InvalidConfig(format!(
@@ -102,7 +104,10 @@ impl LmConfig {
             ));
         }
         if self.d_head() % 2 != 0 {
-            return fail(format!("rotary embedding needs an even head width, got {}", self.d_head()));
+            return fail(format!(
+                "rotary embedding needs an even head width, got {}",
+                self.d_head()
+            ));
         }
         Ok(())
     }
@@ -118,7 +123,11 @@ impl LmConfig {
         };
         let norms_per_layer = 2 * d;
         let embedding = self.vocab_size * d;
-        let head = if self.tie_embeddings { 0 } else { self.vocab_size * d };
+        let head = if self.tie_embeddings {
+            0
+        } else {
+            self.vocab_size * d
+        };
         embedding + self.n_layers * (attention + mlp + norms_per_layer) + d + head
     }
 }

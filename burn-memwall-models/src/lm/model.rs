@@ -22,7 +22,11 @@ pub struct Block {
 
 impl Block {
     fn new(config: &LmConfig, device: &Device) -> Self {
-        let norm = || RmsNormConfig::new(config.d_model).with_epsilon(config.norm_eps).init(device);
+        let norm = || {
+            RmsNormConfig::new(config.d_model)
+                .with_epsilon(config.norm_eps)
+                .init(device)
+        };
         Self {
             attention_norm: norm(),
             attention: CausalSelfAttention::new(config, device),
@@ -55,14 +59,24 @@ impl LmConfig {
     pub fn init(&self, device: &Device) -> Result<LanguageModel, Error> {
         self.validate()?;
         let embedding = EmbeddingConfig::new(self.vocab_size, self.d_model)
-            .with_initializer(Initializer::Normal { mean: 0.0, std: 0.02 })
+            .with_initializer(Initializer::Normal {
+                mean: 0.0,
+                std: 0.02,
+            })
             .init(device);
-        let head = (!self.tie_embeddings)
-            .then(|| LinearConfig::new(self.d_model, self.vocab_size).with_bias(false).init(device));
+        let head = (!self.tie_embeddings).then(|| {
+            LinearConfig::new(self.d_model, self.vocab_size)
+                .with_bias(false)
+                .init(device)
+        });
         Ok(LanguageModel {
             embedding,
-            blocks: (0..self.n_layers).map(|_| Block::new(self, device)).collect(),
-            norm: RmsNormConfig::new(self.d_model).with_epsilon(self.norm_eps).init(device),
+            blocks: (0..self.n_layers)
+                .map(|_| Block::new(self, device))
+                .collect(),
+            norm: RmsNormConfig::new(self.d_model)
+                .with_epsilon(self.norm_eps)
+                .init(device),
             head,
             rope: RotaryEncodingConfig::new(self.max_seq_len, self.d_head())
                 .with_theta(self.rope_theta)
@@ -90,12 +104,17 @@ impl LanguageModel {
         assert!(
             seq <= self.max_seq_len,
             "{}",
-            Error::SequenceTooLong { seq_len: seq, max_seq_len: self.max_seq_len }
+            Error::SequenceTooLong {
+                seq_len: seq,
+                max_seq_len: self.max_seq_len
+            }
         );
         let x = self
             .blocks
             .iter()
-            .fold(self.embedding.forward(tokens), |x, block| block.forward(x, &self.rope));
+            .fold(self.embedding.forward(tokens), |x, block| {
+                block.forward(x, &self.rope)
+            });
         self.norm.forward(x)
     }
 
@@ -114,6 +133,9 @@ impl LanguageModel {
         let logits = self.forward(tokens);
         let [batch, seq, vocab] = logits.dims();
         let loss = CrossEntropyLossConfig::new().init(&logits.device());
-        loss.forward(logits.reshape([batch * seq, vocab]), targets.reshape([batch * seq]))
+        loss.forward(
+            logits.reshape([batch * seq, vocab]),
+            targets.reshape([batch * seq]),
+        )
     }
 }

@@ -16,9 +16,17 @@ pub struct EpochLoader<O> {
 }
 
 impl<O: Send + 'static> EpochLoader<O> {
-    pub fn new(inner: Arc<dyn DataLoader<O>>, max_items: Option<usize>, skip_epochs: usize) -> Arc<Self> {
+    pub fn new(
+        inner: Arc<dyn DataLoader<O>>,
+        max_items: Option<usize>,
+        skip_epochs: usize,
+    ) -> Arc<Self> {
         let max_items = max_items.unwrap_or(usize::MAX);
-        Arc::new(Self { inner, max_items, skip_epochs })
+        Arc::new(Self {
+            inner,
+            max_items,
+            skip_epochs,
+        })
     }
 }
 
@@ -41,13 +49,20 @@ impl<O> Iterator for CappedIter<'_, O> {
 impl<O> DataLoaderIterator<O> for CappedIter<'_, O> {
     fn progress(&self) -> Progress {
         let progress = self.inner.progress();
-        Progress::new(progress.items_processed.min(self.max_items), self.max_items, progress.unit)
+        Progress::new(
+            progress.items_processed.min(self.max_items),
+            self.max_items,
+            progress.unit,
+        )
     }
 }
 
 impl<O: Send + 'static> DataLoader<O> for EpochLoader<O> {
     fn iter<'a>(&'a self) -> Box<dyn DataLoaderIterator<O> + 'a> {
-        Box::new(CappedIter { inner: self.inner.iter(), max_items: self.num_items() })
+        Box::new(CappedIter {
+            inner: self.inner.iter(),
+            max_items: self.num_items(),
+        })
     }
 
     fn num_items(&self) -> usize {
@@ -59,10 +74,18 @@ impl<O: Send + 'static> DataLoader<O> for EpochLoader<O> {
         for _ in 0..self.skip_epochs {
             drop(inner.iter());
         }
-        Arc::new(Self { inner, max_items: self.max_items, skip_epochs: 0 })
+        Arc::new(Self {
+            inner,
+            max_items: self.max_items,
+            skip_epochs: 0,
+        })
     }
 
     fn slice(&self, start: usize, end: usize) -> Arc<dyn DataLoader<O>> {
-        Arc::new(Self { inner: self.inner.slice(start, end), max_items: self.max_items, skip_epochs: self.skip_epochs })
+        Arc::new(Self {
+            inner: self.inner.slice(start, end),
+            max_items: self.max_items,
+            skip_epochs: self.skip_epochs,
+        })
     }
 }

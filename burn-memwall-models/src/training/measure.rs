@@ -38,15 +38,23 @@ pub fn measure_baseline_steps(
     device: &Device,
 ) -> Result<StepMeasurement, Error> {
     if steps < 2 {
-        return Err(Error::Training("measure at least 2 steps (the first is an untimed warm-up)".into()));
+        return Err(Error::Training(
+            "measure at least 2 steps (the first is an untimed warm-up)".into(),
+        ));
     }
     if let Some(window) = windows.first()
         && window.len() - 1 > config.max_seq_len
     {
-        return Err(Error::SequenceTooLong { seq_len: window.len() - 1, max_seq_len: config.max_seq_len });
+        return Err(Error::SequenceTooLong {
+            seq_len: window.len() - 1,
+            max_seq_len: config.max_seq_len,
+        });
     }
     if windows.len() < batch_size || batch_size == 0 {
-        return Err(Error::Data(format!("{} windows do not fill one batch of {batch_size}", windows.len())));
+        return Err(Error::Data(format!(
+            "{} windows do not fill one batch of {batch_size}",
+            windows.len()
+        )));
     }
     let train_device = device.clone().autodiff();
     warm_up_runtime(config, windows, batch_size, &train_device)?;
@@ -73,7 +81,9 @@ pub fn measure_baseline_steps(
         peak = peak.max(meter.peak_bytes().saturating_sub(start_bytes));
     }
     if !loss.is_finite() {
-        return Err(Error::Training(format!("the loss is {loss} after {steps} steps")));
+        return Err(Error::Training(format!(
+            "the loss is {loss} after {steps} steps"
+        )));
     }
     let persistent = meter.live_bytes().saturating_sub(start_bytes);
     let optimizer_state = persistent.saturating_sub(parameter_bytes);
@@ -88,7 +98,12 @@ pub fn measure_baseline_steps(
 /// One throwaway step of the same model and batch shape, so that what the runtime allocates
 /// once and keeps (thread pools, per-thread matmul scratch sized by the largest product, the
 /// autodiff server) is not counted as the measured model's persistent state.
-fn warm_up_runtime(config: &LmConfig, windows: &[Vec<u32>], batch_size: usize, device: &Device) -> Result<(), Error> {
+fn warm_up_runtime(
+    config: &LmConfig,
+    windows: &[Vec<u32>],
+    batch_size: usize,
+    device: &Device,
+) -> Result<(), Error> {
     let model = config.init(device)?;
     let batch = LmBatcher::batch_windows(&windows[..batch_size], device);
     let loss = model.loss(batch.inputs, batch.targets);

@@ -91,7 +91,9 @@ impl Artifacts {
     }
 
     fn checkpoint(&self, kind: &str, epoch: usize) -> PathBuf {
-        self.dir.join("checkpoint").join(format!("{kind}-{epoch}.bpk"))
+        self.dir
+            .join("checkpoint")
+            .join(format!("{kind}-{epoch}.bpk"))
     }
 
     /// Where the final weights are exported.
@@ -119,10 +121,15 @@ impl Artifacts {
         entries
             .filter_map(|e| {
                 let name = e.ok()?.file_name().into_string().ok()?;
-                name.strip_prefix("model-")?.strip_suffix(".bpk")?.parse::<usize>().ok()
+                name.strip_prefix("model-")?
+                    .strip_suffix(".bpk")?
+                    .parse::<usize>()
+                    .ok()
             })
             .filter(|&epoch| {
-                ["optim", "scheduler"].iter().all(|kind| self.checkpoint(kind, epoch).exists())
+                ["optim", "scheduler"]
+                    .iter()
+                    .all(|kind| self.checkpoint(kind, epoch).exists())
             })
             .max()
     }
@@ -139,18 +146,34 @@ pub fn train(
     resume: bool,
     quiet: bool,
 ) -> Result<TrainReport, Error> {
-    let RunConfig { model: model_config, training } = run;
+    let RunConfig {
+        model: model_config,
+        training,
+    } = run;
     model_config.validate()?;
     if training.seq_len > model_config.max_seq_len {
-        return Err(Error::SequenceTooLong { seq_len: training.seq_len, max_seq_len: model_config.max_seq_len });
+        return Err(Error::SequenceTooLong {
+            seq_len: training.seq_len,
+            max_seq_len: model_config.max_seq_len,
+        });
     }
     if training.batch_size == 0 || training.epochs == 0 {
-        return Err(Error::Training("batch size and epochs must be positive".into()));
+        return Err(Error::Training(
+            "batch size and epochs must be positive".into(),
+        ));
     }
-    let (train_windows, valid_windows) =
-        TokenWindows::split(tokens, training.seq_len, model_config.vocab_size, training.validation_fraction)?;
+    let (train_windows, valid_windows) = TokenWindows::split(
+        tokens,
+        training.seq_len,
+        model_config.vocab_size,
+        training.validation_fraction,
+    )?;
 
-    let start_epoch = if resume { check_resumable(run, artifacts, device)? } else { 0 };
+    let start_epoch = if resume {
+        check_resumable(run, artifacts, device)?
+    } else {
+        0
+    };
     if !resume {
         artifacts.start_fresh(run)?;
     }
@@ -169,10 +192,14 @@ pub fn train(
         .build(train_windows);
     let train_loader = EpochLoader::new(
         train_loader,
-        training.max_steps_per_epoch.map(|steps| steps * training.batch_size),
+        training
+            .max_steps_per_epoch
+            .map(|steps| steps * training.batch_size),
         start_epoch,
     );
-    let valid_loader = DataLoaderBuilder::new(LmBatcher).batch_size(training.batch_size).build(valid_windows);
+    let valid_loader = DataLoaderBuilder::new(LmBatcher)
+        .batch_size(training.batch_size)
+        .build(valid_windows);
 
     let (renderer, records) = ProgressRenderer::new(training.seq_len, quiet);
     let mut builder = SupervisedTraining::new(artifacts.dir(), train_loader, valid_loader)
@@ -184,20 +211,28 @@ pub fn train(
     if start_epoch > 0 {
         builder = builder.checkpoint(start_epoch);
     }
-    let optimizer = AdamWConfig::new().with_weight_decay(training.weight_decay).init();
+    let optimizer = AdamWConfig::new()
+        .with_weight_decay(training.weight_decay)
+        .init();
     let result = builder.launch(Learner::new(model, optimizer, training.learning_rate));
     if let Some(error) = result.error {
         return Err(Error::Training(error.to_string()));
     }
     let epochs = records.lock().expect("records lock").clone();
-    if let Some(diverged) = epochs.iter().find(|e| !(e.train_loss.is_finite() && e.valid_loss.is_finite())) {
+    if let Some(diverged) = epochs
+        .iter()
+        .find(|e| !(e.train_loss.is_finite() && e.valid_loss.is_finite()))
+    {
         return Err(Error::Training(format!(
             "the loss diverged in epoch {} (train {}, validation {}); lower the learning rate",
             diverged.epoch, diverged.train_loss, diverged.valid_loss
         )));
     }
     save_safetensors(&result.model, artifacts.weights())?;
-    Ok(TrainReport { epochs, model: result.model })
+    Ok(TrainReport {
+        epochs,
+        model: result.model,
+    })
 }
 
 /// `field: saved → now` for every top-level field where two configs differ.
@@ -210,14 +245,23 @@ fn differences<C: Config>(saved: &C, now: &C) -> String {
     fields(saved)
         .into_iter()
         .filter(|(key, value)| now.get(key) != Some(value))
-        .map(|(key, value)| format!("{key}: {value} → {}", now.get(&key).unwrap_or(&serde_json::Value::Null)))
+        .map(|(key, value)| {
+            format!(
+                "{key}: {value} → {}",
+                now.get(&key).unwrap_or(&serde_json::Value::Null)
+            )
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
 
 /// The epoch to resume from, after checking that the folder was made by the same configs and that
 /// its model checkpoint loads into this model.
-fn check_resumable(run: &RunConfig, artifacts: &Artifacts, device: &Device) -> Result<usize, Error> {
+fn check_resumable(
+    run: &RunConfig,
+    artifacts: &Artifacts,
+    device: &Device,
+) -> Result<usize, Error> {
     let saved_path = artifacts.run_config();
     let saved = RunConfig::load(&saved_path).map_err(|e| Error::Checkpoint {
         path: saved_path.clone(),
@@ -226,25 +270,41 @@ fn check_resumable(run: &RunConfig, artifacts: &Artifacts, device: &Device) -> R
     if saved.model != run.model {
         return Err(Error::Checkpoint {
             path: saved_path,
-            reason: format!("was trained with another model config ({})", differences(&saved.model, &run.model)),
+            reason: format!(
+                "was trained with another model config ({})",
+                differences(&saved.model, &run.model)
+            ),
         });
     }
-    if (saved.training.seq_len, saved.training.batch_size, saved.training.seed)
-        != (run.training.seq_len, run.training.batch_size, run.training.seed)
-    {
+    if (
+        saved.training.seq_len,
+        saved.training.batch_size,
+        saved.training.seed,
+    ) != (
+        run.training.seq_len,
+        run.training.batch_size,
+        run.training.seed,
+    ) {
         return Err(Error::Checkpoint {
             path: saved_path,
             reason: "sequence length, batch size and seed must match the interrupted run to resume it exactly".into(),
         });
     }
-    let epoch = artifacts.last_complete_epoch().ok_or_else(|| Error::Checkpoint {
-        path: artifacts.dir().join("checkpoint"),
-        reason: "no complete checkpoint (model, optim and scheduler of one epoch) to resume from".into(),
-    })?;
+    let epoch = artifacts
+        .last_complete_epoch()
+        .ok_or_else(|| Error::Checkpoint {
+            path: artifacts.dir().join("checkpoint"),
+            reason:
+                "no complete checkpoint (model, optim and scheduler of one epoch) to resume from"
+                    .into(),
+        })?;
     let model_path = artifacts.checkpoint("model", epoch);
-    run.model.init(device)?.try_load_file(&model_path).map_err(|e| Error::Checkpoint {
-        path: model_path.clone(),
-        reason: e.to_string(),
-    })?;
+    run.model
+        .init(device)?
+        .try_load_file(&model_path)
+        .map_err(|e| Error::Checkpoint {
+            path: model_path.clone(),
+            reason: e.to_string(),
+        })?;
     Ok(epoch)
 }

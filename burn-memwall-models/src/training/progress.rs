@@ -5,12 +5,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use burn::train::LearnerSummary;
 use burn::train::logger::{EvaluationProgressLogger, TrainingProgressLogger};
 use burn::train::metric::{MetricDefinition, MetricId, NumericEntry};
 use burn::train::renderer::{
-    EvaluationName, MetricState, MetricsRenderer, MetricsRendererEvaluation, MetricsRendererTraining,
+    EvaluationName, MetricState, MetricsRenderer, MetricsRendererEvaluation,
+    MetricsRendererTraining,
 };
-use burn::train::LearnerSummary;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// What one epoch measured.
@@ -58,7 +59,9 @@ impl ProgressRenderer {
     }
 
     fn on_metric(&mut self, state: MetricState, split: &str) {
-        let MetricState::Numeric(entry, Some(value)) = state else { return };
+        let MetricState::Numeric(entry, Some(value)) = state else {
+            return;
+        };
         if self.metric_names.get(&entry.metric_id).map(String::as_str) != Some("Loss") {
             return;
         }
@@ -74,7 +77,8 @@ impl ProgressRenderer {
     }
 
     fn tokens_per_s(&self) -> f64 {
-        (self.items * self.tokens_per_item) as f64 / self.split_start.elapsed().as_secs_f64().max(1e-9)
+        (self.items * self.tokens_per_item) as f64
+            / self.split_start.elapsed().as_secs_f64().max(1e-9)
     }
 }
 
@@ -87,7 +91,10 @@ impl MetricsRendererTraining for ProgressRenderer {
         self.on_metric(state, "valid");
     }
 
-    fn on_train_end(&mut self, _: Option<LearnerSummary>) -> Result<(), Box<dyn core::error::Error>> {
+    fn on_train_end(
+        &mut self,
+        _: Option<LearnerSummary>,
+    ) -> Result<(), Box<dyn core::error::Error>> {
         Ok(())
     }
 }
@@ -106,21 +113,27 @@ impl TrainingProgressLogger for ProgressRenderer {
             );
         }
         self.records.lock().expect("records lock").push(record);
-        self.current = EpochRecord { epoch: epoch + 1, ..Default::default() };
+        self.current = EpochRecord {
+            epoch: epoch + 1,
+            ..Default::default()
+        };
     }
 
     fn start_split(&mut self, split: &str, total_items: usize) {
         self.split = split.to_owned();
         self.split_start = Instant::now();
         self.items = 0;
-        let bar = ProgressBar::with_draw_target(Some(total_items as u64), ProgressDrawTarget::stderr());
+        let bar =
+            ProgressBar::with_draw_target(Some(total_items as u64), ProgressDrawTarget::stderr());
         if self.quiet {
             bar.set_draw_target(ProgressDrawTarget::hidden());
         }
         bar.set_style(
-            ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} windows  {msg}  {per_sec}")
-                .expect("static template")
-                .progress_chars("=> "),
+            ProgressStyle::with_template(
+                "{prefix:>12} [{bar:30}] {pos}/{len} windows  {msg}  {per_sec}",
+            )
+            .expect("static template")
+            .progress_chars("=> "),
         );
         bar.set_prefix(format!("epoch {} {split}", self.current.epoch));
         self.bar = Some(bar);
@@ -165,6 +178,7 @@ impl MetricsRenderer for ProgressRenderer {
     fn manual_close(&mut self) {}
 
     fn register_metric(&mut self, definition: MetricDefinition) {
-        self.metric_names.insert(definition.metric_id, definition.name.to_string());
+        self.metric_names
+            .insert(definition.metric_id, definition.name.to_string());
     }
 }

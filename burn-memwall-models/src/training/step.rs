@@ -26,7 +26,10 @@ pub struct LmOutput {
 impl ItemLazy for LmOutput {
     fn sync(self) -> Result<Self, ExecutionError> {
         self.loss.device().flush()?;
-        Ok(Self { loss: self.loss.without_autodiff(), tokens: self.tokens })
+        Ok(Self {
+            loss: self.loss.without_autodiff(),
+            tokens: self.tokens,
+        })
     }
 }
 
@@ -54,7 +57,10 @@ impl InferenceStep for LanguageModel {
 
     fn step(&self, batch: LmBatch) -> LmOutput {
         let tokens = batch.targets.shape().num_elements();
-        LmOutput { loss: self.loss(batch.inputs, batch.targets), tokens }
+        LmOutput {
+            loss: self.loss(batch.inputs, batch.targets),
+            tokens,
+        }
     }
 }
 
@@ -66,7 +72,10 @@ pub struct MeanLoss {
 
 impl Adaptor<MeanLoss> for LmOutput {
     fn adapt(&self) -> MeanLoss {
-        MeanLoss { loss: self.loss.clone(), tokens: self.tokens }
+        MeanLoss {
+            loss: self.loss.clone(),
+            tokens: self.tokens,
+        }
     }
 }
 
@@ -82,7 +91,12 @@ pub struct PerplexityFromLoss {
 
 impl Default for PerplexityFromLoss {
     fn default() -> Self {
-        Self { name: Arc::new("Perplexity".into()), loss_sum: 0.0, tokens: 0, last: f64::NAN }
+        Self {
+            name: Arc::new("Perplexity".into()),
+            loss_sum: 0.0,
+            tokens: 0,
+            last: f64::NAN,
+        }
     }
 }
 
@@ -100,23 +114,38 @@ impl Metric for PerplexityFromLoss {
     }
 
     fn attributes(&self) -> MetricAttributes {
-        NumericAttributes { unit: None, higher_is_better: false }.into()
+        NumericAttributes {
+            unit: None,
+            higher_is_better: false,
+        }
+        .into()
     }
 
-    fn update(&mut self, input: &MeanLoss, _: &MetricMetadata) -> Result<SerializedEntry, TensorReadError> {
+    fn update(
+        &mut self,
+        input: &MeanLoss,
+        _: &MetricMetadata,
+    ) -> Result<SerializedEntry, TensorReadError> {
         let loss = input.loss.clone().try_into_scalar::<f64>()?;
         self.loss_sum += loss * input.tokens as f64;
         self.tokens += input.tokens;
         self.last = loss.exp();
         Ok(SerializedEntry::new(
             format!("epoch {:.3} - batch {:.3}", self.epoch_value(), self.last),
-            NumericEntry::Aggregated { aggregated_value: self.last, count: 1 }.serialize(),
+            NumericEntry::Aggregated {
+                aggregated_value: self.last,
+                count: 1,
+            }
+            .serialize(),
         ))
     }
 
     fn compute(&mut self) -> Result<SerializedEntry, TensorReadError> {
         let value = self.epoch_value();
-        Ok(SerializedEntry::new(format!("{value:.3}"), NumericEntry::Final(value).serialize()))
+        Ok(SerializedEntry::new(
+            format!("{value:.3}"),
+            NumericEntry::Final(value).serialize(),
+        ))
     }
 
     fn clear(&mut self) {
@@ -126,11 +155,17 @@ impl Metric for PerplexityFromLoss {
 
 impl Numeric for PerplexityFromLoss {
     fn value(&self) -> Option<NumericEntry> {
-        Some(NumericEntry::Aggregated { aggregated_value: self.last, count: 1 })
+        Some(NumericEntry::Aggregated {
+            aggregated_value: self.last,
+            count: 1,
+        })
     }
 
     fn running_value(&self) -> Option<NumericEntry> {
-        Some(NumericEntry::Aggregated { aggregated_value: self.epoch_value(), count: self.tokens })
+        Some(NumericEntry::Aggregated {
+            aggregated_value: self.epoch_value(),
+            count: self.tokens,
+        })
     }
 
     fn final_value(&self) -> NumericEntry {

@@ -18,7 +18,9 @@ pub struct MemoryMeter {
 
 impl MemoryMeter {
     pub fn new(device: &Device) -> Self {
-        Self { device: device.clone() }
+        Self {
+            device: device.clone(),
+        }
     }
 
     /// Whether this device can be measured in this process.
@@ -46,7 +48,10 @@ impl MemoryMeter {
     /// device started (Cube).
     pub fn peak_bytes(&self) -> u64 {
         self.sync();
-        match (self.device.memory_pool_usage(), self.device.memory_pool_report()) {
+        match (
+            self.device.memory_pool_usage(),
+            self.device.memory_pool_report(),
+        ) {
             (Some(usage), Some(pools)) => {
                 let paged_peak: u64 = pools.iter().map(|p| p.pages_peak * p.page_size).sum();
                 usage.bytes_reserved.max(paged_peak)
@@ -104,5 +109,9 @@ pub fn human_bytes(bytes: u64) -> String {
         value /= 1024.0;
         unit += 1;
     }
-    if unit == 0 { format!("{bytes} B") } else { format!("{value:.2} {}", UNITS[unit]) }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
 }

@@ -1,0 +1,81 @@
+//! The handwritten backward: save q, k, v, the output and one log-sum-exp per row; recompute
+//! each score tile from them in backward.
+
+use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::tensor::{BoolTensor, FloatTensor};
+use burn::backend::{Autodiff, Backend, DispatchKindConversion, DispatchTensor};
+
+use super::{FlashAttentionBackend, FlashAttentionOptions, backward_on, forward_on};
+
+/// What the backward needs: inputs, output, log-sum-exp. Nothing of size `s_q × s_k`.
+type Saved<B> = (
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    BoolTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FlashAttentionOptions,
+);
+
+#[derive(Debug)]
+struct FlashAttentionBackward;
+
+impl<B: Backend> Backward<B, 3> for FlashAttentionBackward
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    type State = Saved<B>;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_q, node_k, node_v] = ops.parents;
+        let d_out = grads.consume::<B>(&ops.node);
+        let (q, k, v, mask, out, lse, options) = ops.state;
+        let (dq, dk, dv) = backward_on::<B>(q, k, v, mask, out, lse, d_out, options);
+        for (node, grad) in [(node_q, dq), (node_k, dk), (node_v, dv)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+impl<B: FlashAttentionBackend, C: CheckpointStrategy> FlashAttentionBackend for Autodiff<B, C>
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    fn flash_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_padding_mask: BoolTensor<Self>,
+        options: FlashAttentionOptions,
+    ) -> FloatTensor<Self> {
+        match FlashAttentionBackward
+            .prepare::<C>([q.node(), k.node(), v.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (q, k, v) = (q.into_primitive(), k.into_primitive(), v.into_primitive());
+                let (out, lse) = forward_on::<B>(
+                    q.clone(),
+                    k.clone(),
+                    v.clone(),
+                    key_padding_mask.clone(),
+                    options,
+                );
+                prep.finish((q, k, v, key_padding_mask, out.clone(), lse, options), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::flash_attention(
+                q.into_primitive(),
+                k.into_primitive(),
+                v.into_primitive(),
+                key_padding_mask,
+                options,
+            )),
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! Flash attention: exact `softmax(QKᵀ·scale + mask) V` that never holds an `[s_q, s_k]` matrix,
+//! in the forward pass or the backward.
+//!
+//! The forward pass walks key tiles with an online softmax and saves, besides the output, one
+//! log-sum-exp per query row. The backward pass (FlashAttention-2) recomputes each tile's
+//! probabilities from that log-sum-exp. Training memory therefore grows linearly with the
+//! sequence, where Burn's autodiff attention keeps `[batch, heads, s_q, s_k]` scores and
+//! probabilities.
+//!
+//! - `tiled.rs`: the algorithm on Burn tensors (today's Flex and Cube path);
+//! - `autodiff.rs`: the handwritten backward wired into Burn's autodiff.
+
+mod autodiff;
+mod tiled;
+
+use burn::backend::tensor::{BoolTensor, FloatTensor};
+use burn::backend::{
+    Backend, BackendTensor, Dispatch, DispatchKindConversion, DispatchTensor, Flex,
+    backend_extension,
+};
+use burn::prelude::*;
+
+/// What to attend to and how.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct FlashAttentionOptions {
+    /// Multiplies `QKᵀ`; `None` means `1/√d`.
+    pub scale: Option<f64>,
+    /// Query `i` sees keys `j ≤ i + (s_k − s_q)`: causal, aligned to the end as with a KV cache.
+    pub causal: bool,
+    /// Sliding window: query `i` sees only the last `w` keys up to its aligned position
+    /// `i + (s_k − s_q)` (implies `causal`).
+    pub window: Option<usize>,
+    /// Logit soft-capping `c · tanh(s / c)`, applied after scaling.
+    pub softcap: Option<f64>,
+}
+
+/// Shapes or options that cannot be attended.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("flash attention: {0}")]
+pub struct FlashAttentionError(String);
+
+/// Checks q `[batch, heads, s_q, d]`, k `[batch, kv_heads, s_k, d]`, v `[batch, kv_heads, s_k, d_v]`,
+/// the key padding mask `[batch, s_k]` and the options, naming the shapes that do not fit.
+pub fn check_shapes(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    key_padding_mask: Option<&Tensor<2, Bool>>,
+    options: &FlashAttentionOptions,
+) -> Result<(), FlashAttentionError> {
+    tiled::dims(q, k, v, key_padding_mask, options).map(|_| ())
+}
+
+/// Attention output `[batch, heads, s_q, d_v]` of q `[batch, heads, s_q, d]` over k
+/// `[batch, kv_heads, s_k, d]` and v `[batch, kv_heads, s_k, d_v]` (grouped-query when
+/// `kv_heads < heads`). `key_padding_mask` `[batch, s_k]` is true for keys to ignore; a query that
+/// sees no key outputs zeros. Differentiable in q, k and v with a memory-lean backward.
+///
+/// Panics with a message naming the shapes when they do not fit (see [`check_shapes`]).
+pub fn flash_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    key_padding_mask: Option<Tensor<2, Bool>>,
+    options: FlashAttentionOptions,
+) -> Tensor<4> {
+    if let Err(error) = check_shapes(&q, &k, &v, key_padding_mask.as_ref(), &options) {
+        panic!("{error}");
+    }
+    let [batch, _, s_k, _] = k.dims();
+    let mask = key_padding_mask.unwrap_or_else(|| {
+        Tensor::from_data(
+            TensorData::new(vec![false; batch * s_k], [batch, s_k]),
+            &q.device(),
+        )
+    });
+    Tensor::from_dispatch(Dispatch::flash_attention(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        v.into_dispatch(),
+        mask.into_dispatch(),
+        options,
+    ))
+}
+
+/// The backend extension behind [`flash_attention`].
+#[backend_extension(Flex, Cube: cfg(feature = "cube"), Autodiff)]
+pub trait FlashAttentionBackend: Backend {
+    /// See [`flash_attention`]; `key_padding_mask` is always given (all false for none).
+    fn flash_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_padding_mask: BoolTensor<Self>,
+        options: FlashAttentionOptions,
+    ) -> FloatTensor<Self>;
+}
+
+/// Flex and Cube both run the tiled algorithm on Burn tensors (Cube until its CubeCL kernels land).
+macro_rules! tiled_backend {
+    ($backend:ty) => {
+        impl FlashAttentionBackend for $backend {
+            fn flash_attention(
+                q: FloatTensor<Self>,
+                k: FloatTensor<Self>,
+                v: FloatTensor<Self>,
+                key_padding_mask: BoolTensor<Self>,
+                options: FlashAttentionOptions,
+            ) -> FloatTensor<Self> {
+                forward_on::<Self>(q, k, v, key_padding_mask, options).0
+            }
+        }
+    };
+}
+
+tiled_backend!(Flex);
+#[cfg(feature = "cube")]
+tiled_backend!(burn::backend::Cube);
+
+/// A backend primitive as a Burn tensor, so the tiled algorithm can run on it.
+fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<D>
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    Tensor::from_dispatch(<DispatchTensor as DispatchKindConversion<B>>::from_backend(
+        BackendTensor::Float(t),
+    ))
+}
+
+fn bool<B: Backend>(t: BoolTensor<B>) -> Tensor<2, Bool>
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    Tensor::from_dispatch(<DispatchTensor as DispatchKindConversion<B>>::from_backend(
+        BackendTensor::Bool(t),
+    ))
+}
+
+/// A Burn tensor back as the backend primitive it was made from.
+fn primitive<B: Backend, const D: usize>(t: Tensor<D>) -> FloatTensor<B>
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    match <DispatchTensor as DispatchKindConversion<B>>::try_into_backend(t.into_dispatch()) {
+        Ok(BackendTensor::Float(t)) => t,
+        Ok(_) => unreachable!("the tiled algorithm returns float tensors"),
+        Err(error) => unreachable!("the tiled algorithm stays on its input's backend: {error}"),
+    }
+}
+
+/// Output and log-sum-exp `[batch, heads, s_q, 1]` on backend `B`, through the tiled algorithm.
+fn forward_on<B: Backend>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    key_padding_mask: BoolTensor<B>,
+    options: FlashAttentionOptions,
+) -> (FloatTensor<B>, FloatTensor<B>)
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    let (out, lse) = tiled::forward(
+        float(q),
+        float(k),
+        float(v),
+        Some(bool::<B>(key_padding_mask)),
+        options,
+    )
+    .unwrap_or_else(|error| panic!("{error}"));
+    (primitive::<B, 4>(out), primitive::<B, 4>(lse))
+}
+
+/// `(dq, dk, dv)` on backend `B` from the forward's output and log-sum-exp.
+#[allow(clippy::too_many_arguments)]
+fn backward_on<B: Backend>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    key_padding_mask: BoolTensor<B>,
+    out: FloatTensor<B>,
+    lse: FloatTensor<B>,
+    d_out: FloatTensor<B>,
+    options: FlashAttentionOptions,
+) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>)
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    let mask = Some(bool::<B>(key_padding_mask));
+    let (dq, dk, dv) = tiled::backward(
+        float(q),
+        float(k),
+        float(v),
+        mask,
+        float(out),
+        float(lse),
+        float(d_out),
+        options,
+    )
+    .unwrap_or_else(|error| panic!("{error}"));
+    (
+        primitive::<B, 4>(dq),
+        primitive::<B, 4>(dk),
+        primitive::<B, 4>(dv),
+    )
+}

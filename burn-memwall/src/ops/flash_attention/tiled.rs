@@ -1,0 +1,350 @@
+//! The tiled algorithm on Burn tensors: online-softmax forward and FlashAttention-2 backward.
+//! It runs on any backend (it is the Flex path, and the Cube path until the CubeCL kernels land)
+//! and never holds more than one `[batch, heads, TILE, TILE]` score tile per step.
+
+use burn::prelude::*;
+
+use super::{FlashAttentionError, FlashAttentionOptions};
+
+/// Rows and columns of one score tile.
+const TILE: usize = 64;
+
+/// The sizes of one call, checked.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Dims {
+    batch: usize,
+    heads: usize,
+    kv_heads: usize,
+    s_q: usize,
+    s_k: usize,
+    d: usize,
+    d_v: usize,
+}
+
+impl Dims {
+    fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+
+    /// Where the causal diagonal sits: query `i` is at key position `i + offset`.
+    fn offset(&self) -> i64 {
+        self.s_k as i64 - self.s_q as i64
+    }
+}
+
+pub(super) fn dims(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    key_padding_mask: Option<&Tensor<2, Bool>>,
+    options: &FlashAttentionOptions,
+) -> Result<Dims, FlashAttentionError> {
+    let ([batch, heads, s_q, d], [kb, kv_heads, s_k, kd], [vb, vh, vs, d_v]) =
+        (q.dims(), k.dims(), v.dims());
+    let fail = |what: String| {
+        Err(FlashAttentionError(format!(
+            "{what} (q {:?}, k {:?}, v {:?})",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        )))
+    };
+    if kb != batch || vb != batch {
+        return fail("q, k and v must have the same batch size".into());
+    }
+    if vh != kv_heads || vs != s_k {
+        return fail("k and v must have the same heads and sequence length".into());
+    }
+    if kd != d {
+        return fail("q and k must have the same head dim".into());
+    }
+    if kv_heads == 0 || heads % kv_heads != 0 {
+        return fail(format!(
+            "query heads ({heads}) must be a multiple of key/value heads ({kv_heads})"
+        ));
+    }
+    if d > 256 || d_v > 256 {
+        return fail("head dims above 256 are not supported".into());
+    }
+    if let Some(mask) = key_padding_mask
+        && mask.dims() != [batch, s_k]
+    {
+        return fail(format!(
+            "the key padding mask must be [batch, s_k] = [{batch}, {s_k}], got {:?}",
+            mask.dims()
+        ));
+    }
+    if options.window == Some(0) {
+        return fail("a sliding window must hold at least one key".into());
+    }
+    if let Some(cap) = options.softcap
+        && !(cap > 0.0)
+    {
+        return fail(format!("softcap must be positive, got {cap}"));
+    }
+    Ok(Dims {
+        batch,
+        heads,
+        kv_heads,
+        s_q,
+        s_k,
+        d,
+        d_v,
+    })
+}
+
+/// Which keys each query of a tile may see.
+struct Visibility {
+    causal: bool,
+    window: Option<usize>,
+    offset: i64,
+}
+
+impl Visibility {
+    fn new(options: &FlashAttentionOptions, dims: &Dims) -> Self {
+        Self {
+            causal: options.causal || options.window.is_some(),
+            window: options.window,
+            offset: dims.offset(),
+        }
+    }
+
+    /// The keys `query` sees, as an inclusive interval of positions.
+    fn visible_keys(&self, query: usize) -> (i64, i64) {
+        let position = query as i64 + self.offset;
+        let last = if self.causal { position } else { i64::MAX };
+        let first = self.window.map_or(i64::MIN, |w| position - w as i64 + 1);
+        (first, last)
+    }
+
+    fn sees(&self, query: usize, key: usize) -> bool {
+        let (first, last) = self.visible_keys(query);
+        (first..=last).contains(&(key as i64))
+    }
+
+    /// Whether any query of `queries` sees any key of `keys` (tiles that see nothing are skipped).
+    fn any(&self, queries: &std::ops::Range<usize>, keys: &std::ops::Range<usize>) -> bool {
+        queries.clone().any(|query| {
+            let (first, last) = self.visible_keys(query);
+            first < keys.end as i64 && last >= keys.start as i64
+        })
+    }
+
+    /// `[1, 1, queries, keys]`, true where the key is hidden (Burn's mask convention).
+    fn hidden(
+        &self,
+        queries: &std::ops::Range<usize>,
+        keys: &std::ops::Range<usize>,
+        device: &Device,
+    ) -> Tensor<4, Bool> {
+        let hidden: Vec<bool> = queries
+            .clone()
+            .flat_map(|q| keys.clone().map(move |k| (q, k)))
+            .map(|(q, k)| !self.sees(q, k))
+            .collect();
+        Tensor::from_data(
+            TensorData::new(hidden, [1, 1, queries.len(), keys.len()]),
+            device,
+        )
+    }
+}
+
+/// `[batch, kv_heads, n, x]` → `[batch, heads, n, x]`, each key/value head shared by its group.
+fn expand_heads(t: Tensor<4>, group: usize) -> Tensor<4> {
+    if group == 1 {
+        return t;
+    }
+    let [batch, kv_heads, n, x] = t.dims();
+    t.unsqueeze_dim::<5>(2)
+        .expand([batch, kv_heads, group, n, x])
+        .reshape([batch, kv_heads * group, n, x])
+}
+
+/// `[batch, heads, n, x]` → `[batch, kv_heads, n, x]`, summing each group (the adjoint of
+/// [`expand_heads`]).
+fn reduce_heads(t: Tensor<4>, group: usize) -> Tensor<4> {
+    if group == 1 {
+        return t;
+    }
+    let [batch, heads, n, x] = t.dims();
+    t.reshape([batch, heads / group, group, n, x])
+        .sum_dim(2)
+        .reshape([batch, heads / group, n, x])
+}
+
+fn tiles(len: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    (0..len)
+        .step_by(TILE)
+        .map(move |start| start..(start + TILE).min(len))
+}
+
+/// The scores of one tile before masking, and the soft-capped values the backward needs.
+fn tile_scores(q: Tensor<4>, k: Tensor<4>, scale: f64, softcap: Option<f64>) -> Tensor<4> {
+    let scores = q.matmul(k.transpose()) * scale;
+    match softcap {
+        Some(cap) => (scores / cap).tanh() * cap,
+        None => scores,
+    }
+}
+
+/// The tile's hidden positions: causal/window structure and padded keys, `[batch, 1, rows, keys]`.
+fn tile_mask(
+    visibility: &Visibility,
+    key_padding_mask: Option<&Tensor<2, Bool>>,
+    queries: &std::ops::Range<usize>,
+    keys: &std::ops::Range<usize>,
+    batch: usize,
+    device: &Device,
+) -> Tensor<4, Bool> {
+    let structure =
+        visibility
+            .hidden(queries, keys, device)
+            .expand([batch, 1, queries.len(), keys.len()]);
+    match key_padding_mask {
+        Some(mask) => {
+            let padded =
+                mask.clone()
+                    .slice([0..batch, keys.clone()])
+                    .reshape([batch, 1, 1, keys.len()]);
+            structure.bool_or(padded.expand([batch, 1, queries.len(), keys.len()]))
+        }
+        None => structure,
+    }
+}
+
+/// Output `[batch, heads, s_q, d_v]` and log-sum-exp `[batch, heads, s_q, 1]` of each query row
+/// (`+∞` for a row that sees no key; its output is zero).
+pub(super) fn forward(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    key_padding_mask: Option<Tensor<2, Bool>>,
+    options: FlashAttentionOptions,
+) -> Result<(Tensor<4>, Tensor<4>), FlashAttentionError> {
+    let dims = dims(&q, &k, &v, key_padding_mask.as_ref(), &options)?;
+    let device = q.device();
+    let scale = options.scale.unwrap_or(1.0 / (dims.d as f64).sqrt());
+    let visibility = Visibility::new(&options, &dims);
+    let (b, h) = (dims.batch, dims.heads);
+
+    let mut outputs = Vec::new();
+    let mut lses = Vec::new();
+    for queries in tiles(dims.s_q) {
+        let rows = queries.len();
+        let q_tile = q.clone().slice([0..b, 0..h, queries.clone(), 0..dims.d]);
+        let mut max = Tensor::<4>::full([b, h, rows, 1], f32::NEG_INFINITY, &device);
+        let mut sum = Tensor::<4>::zeros([b, h, rows, 1], &device);
+        let mut acc = Tensor::<4>::zeros([b, h, rows, dims.d_v], &device);
+        for keys in tiles(dims.s_k).filter(|keys| visibility.any(&queries, keys)) {
+            let k_tile = expand_heads(
+                k.clone()
+                    .slice([0..b, 0..dims.kv_heads, keys.clone(), 0..dims.d]),
+                dims.group(),
+            );
+            let v_tile = expand_heads(
+                v.clone()
+                    .slice([0..b, 0..dims.kv_heads, keys.clone(), 0..dims.d_v]),
+                dims.group(),
+            );
+            let mask = tile_mask(
+                &visibility,
+                key_padding_mask.as_ref(),
+                &queries,
+                &keys,
+                b,
+                &device,
+            );
+            let scores = tile_scores(q_tile.clone(), k_tile, scale, options.softcap)
+                .mask_fill(mask.expand([b, h, rows, keys.len()]), f32::NEG_INFINITY);
+            let new_max = max.clone().max_pair(scores.clone().max_dim(3));
+            // A row that has seen no key yet keeps max −∞; subtracting 0 instead keeps exp finite.
+            let safe_max = new_max.clone().mask_fill(new_max.clone().is_inf(), 0.0);
+            let probs = (scores - safe_max.clone()).exp();
+            let rescale = (max - safe_max).exp();
+            sum = sum * rescale.clone() + probs.clone().sum_dim(3);
+            acc = acc * rescale + probs.matmul(v_tile);
+            max = new_max;
+        }
+        let empty = sum.clone().equal_elem(0.0);
+        let safe_sum = sum.clone().mask_fill(empty.clone(), 1.0);
+        outputs.push(acc / safe_sum.clone());
+        let safe_max = max.clone().mask_fill(max.is_inf(), 0.0);
+        lses.push((safe_max + safe_sum.log()).mask_fill(empty, f32::INFINITY));
+    }
+    Ok((Tensor::cat(outputs, 2), Tensor::cat(lses, 2)))
+}
+
+/// Gradients `(dq, dk, dv)` of `sum(out ∘ d_out)`, from the forward's output and log-sum-exp:
+/// `D = rowsum(dO ∘ O)`, and per tile `P = exp(S − lse)`, `dV += Pᵀ dO`, `dS = P ∘ (dO Vᵀ − D)`,
+/// `dQ += dS K · scale`, `dK += dSᵀ Q · scale` (with the soft-cap's `1 − tanh²` in `dS`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn backward(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    key_padding_mask: Option<Tensor<2, Bool>>,
+    out: Tensor<4>,
+    lse: Tensor<4>,
+    d_out: Tensor<4>,
+    options: FlashAttentionOptions,
+) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>), FlashAttentionError> {
+    let dims = dims(&q, &k, &v, key_padding_mask.as_ref(), &options)?;
+    let device = q.device();
+    let scale = options.scale.unwrap_or(1.0 / (dims.d as f64).sqrt());
+    let visibility = Visibility::new(&options, &dims);
+    let (b, h, g) = (dims.batch, dims.heads, dims.group());
+    let row_dot = (d_out.clone() * out).sum_dim(3);
+
+    let mut dq = Tensor::<4>::zeros([b, h, dims.s_q, dims.d], &device);
+    let mut dk_tiles = Vec::new();
+    let mut dv_tiles = Vec::new();
+    for keys in tiles(dims.s_k) {
+        let cols = keys.len();
+        let k_tile = expand_heads(
+            k.clone()
+                .slice([0..b, 0..dims.kv_heads, keys.clone(), 0..dims.d]),
+            g,
+        );
+        let v_tile = expand_heads(
+            v.clone()
+                .slice([0..b, 0..dims.kv_heads, keys.clone(), 0..dims.d_v]),
+            g,
+        );
+        let mut dk_tile = Tensor::<4>::zeros([b, h, cols, dims.d], &device);
+        let mut dv_tile = Tensor::<4>::zeros([b, h, cols, dims.d_v], &device);
+        for queries in tiles(dims.s_q).filter(|queries| visibility.any(queries, &keys)) {
+            let rows = queries.len();
+            let q_tile = q.clone().slice([0..b, 0..h, queries.clone(), 0..dims.d]);
+            let do_tile = d_out
+                .clone()
+                .slice([0..b, 0..h, queries.clone(), 0..dims.d_v]);
+            let lse_tile = lse.clone().slice([0..b, 0..h, queries.clone(), 0..1]);
+            let dot_tile = row_dot.clone().slice([0..b, 0..h, queries.clone(), 0..1]);
+            let mask = tile_mask(
+                &visibility,
+                key_padding_mask.as_ref(),
+                &queries,
+                &keys,
+                b,
+                &device,
+            );
+            let scores = tile_scores(q_tile.clone(), k_tile.clone(), scale, options.softcap);
+            let probs = (scores.clone() - lse_tile)
+                .exp()
+                .mask_fill(mask.expand([b, h, rows, cols]), 0.0);
+            dv_tile = dv_tile + probs.clone().transpose().matmul(do_tile.clone());
+            let mut d_scores = probs * (do_tile.matmul(v_tile.clone().transpose()) - dot_tile);
+            if let Some(cap) = options.softcap {
+                d_scores = d_scores * ((scores / cap).powi_scalar(2).neg() + 1.0);
+            }
+            let d_scores = d_scores * scale;
+            let dq_rows = dq.clone().slice([0..b, 0..h, queries.clone(), 0..dims.d])
+                + d_scores.clone().matmul(k_tile.clone());
+            dq = dq.slice_assign([0..b, 0..h, queries.clone(), 0..dims.d], dq_rows);
+            dk_tile = dk_tile + d_scores.transpose().matmul(q_tile);
+        }
+        dk_tiles.push(reduce_heads(dk_tile, g));
+        dv_tiles.push(reduce_heads(dv_tile, g));
+    }
+    Ok((dq, Tensor::cat(dk_tiles, 2), Tensor::cat(dv_tiles, 2)))
+}

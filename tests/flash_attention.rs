@@ -1,0 +1,244 @@
+//! Flash attention (forward and its handwritten backward, through Burn's autodiff) against a
+//! naive f64 reference differentiated by Burn.
+
+mod common;
+
+use burn::prelude::*;
+use burn::tensor::{DType, Distribution};
+use burn_memwall::ops::flash_attention::{self, FlashAttentionOptions, flash_attention};
+
+#[derive(Clone, Debug)]
+struct Case {
+    batch: usize,
+    heads: usize,
+    kv_heads: usize,
+    s_q: usize,
+    s_k: usize,
+    d: usize,
+    options: FlashAttentionOptions,
+    /// Per batch element, how many trailing keys are padding (all of them: rows see nothing).
+    padded_keys: Option<Vec<usize>>,
+}
+
+impl Case {
+    fn new(batch: usize, heads: usize, kv_heads: usize, s_q: usize, s_k: usize, d: usize) -> Self {
+        Self {
+            batch,
+            heads,
+            kv_heads,
+            s_q,
+            s_k,
+            d,
+            options: FlashAttentionOptions::default(),
+            padded_keys: None,
+        }
+    }
+
+    fn causal(mut self) -> Self {
+        self.options.causal = true;
+        self
+    }
+
+    /// The rule written out once more, independently of the op: may query `i` see key `j`?
+    fn sees(&self, batch: usize, i: usize, j: usize) -> bool {
+        let position = i as i64 + self.s_k as i64 - self.s_q as i64;
+        let j_pos = j as i64;
+        let causal = self.options.causal || self.options.window.is_some();
+        let in_window = self
+            .options
+            .window
+            .is_none_or(|w| position - j_pos < w as i64);
+        let padded = self
+            .padded_keys
+            .as_ref()
+            .is_some_and(|p| j >= self.s_k - p[batch]);
+        (!causal || j_pos <= position) && in_window && !padded
+    }
+}
+
+/// Reference output of `case` on f64 tensors: explicit scores, mask and softmax.
+fn reference(case: &Case, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
+    let device = q.device();
+    let group = case.heads / case.kv_heads;
+    let repeat = |t: Tensor<4>| {
+        let [b, kv, s, d] = t.dims();
+        t.unsqueeze_dim::<5>(2)
+            .expand([b, kv, group, s, d])
+            .reshape([b, kv * group, s, d])
+    };
+    let (k, v) = (repeat(k), repeat(v));
+    let scale = case.options.scale.unwrap_or(1.0 / (case.d as f64).sqrt());
+    let mut scores = q.matmul(k.transpose()) * scale;
+    if let Some(cap) = case.options.softcap {
+        scores = (scores / cap).tanh() * cap;
+    }
+    let visible: Vec<f64> = (0..case.batch)
+        .flat_map(|b| (0..case.s_q).flat_map(move |i| (0..case.s_k).map(move |j| (b, i, j))))
+        .map(|(b, i, j)| if case.sees(b, i, j) { 1.0 } else { 0.0 })
+        .collect();
+    let visible = Tensor::<4>::from_data(
+        TensorData::new(visible, [case.batch, 1, case.s_q, case.s_k]),
+        (&device, DType::F64),
+    )
+    .expand([case.batch, case.heads, case.s_q, case.s_k]);
+    // Softmax over visible keys only; a row with none outputs zeros.
+    let hidden = visible.equal_elem(0.0);
+    let shift = scores
+        .clone()
+        .mask_fill(hidden.clone(), -1e300)
+        .max_dim(3)
+        .detach();
+    let weights = (scores.mask_fill(hidden, f64::NEG_INFINITY) - shift).exp();
+    let total = weights.clone().sum_dim(3);
+    let safe_total = total.clone().mask_fill(total.equal_elem(0.0), 1.0);
+    (weights / safe_total).matmul(v)
+}
+
+fn random(shape: [usize; 4], device: &Device) -> Tensor<4> {
+    Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), device)
+}
+
+/// `|got − want| ≤ 1e-4 · |want| + 1e-5 · max(max |want|, 1)` elementwise: 1e-4 relative, with an
+/// absolute floor for entries that are near zero only through cancellation (inputs are N(0, 1),
+/// so 1 is their scale; dq with one key is zero in theory and comes out as the f32 rounding of
+/// `dO·v − dO·o`, a difference of two length-d dot products).
+fn assert_close(what: &str, case: &Case, got: Tensor<4>, want: Tensor<4>) {
+    let got = got.into_data().try_into_vec_as::<f64>().unwrap();
+    let want = want.into_data().try_into_vec_as::<f64>().unwrap();
+    assert_eq!(got.len(), want.len());
+    let largest = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
+    for (index, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(g.is_finite(), "{what}[{index}] = {g} for {case:?}");
+        let bound = 1e-4 * w.abs() + 1e-5 * largest.max(1.0);
+        assert!(
+            (g - w).abs() <= bound,
+            "{what}[{index}]: {g} vs reference {w} (bound {bound:e}) for {case:?}"
+        );
+    }
+}
+
+/// Runs the op on `device` and the f64 reference on Flex, from the same random inputs.
+fn check(case: &Case, device: &Device) {
+    let host = Device::flex();
+    let q = random([case.batch, case.heads, case.s_q, case.d], &host);
+    let k = random([case.batch, case.kv_heads, case.s_k, case.d], &host);
+    let v = random([case.batch, case.kv_heads, case.s_k, case.d], &host);
+    let d_out = random([case.batch, case.heads, case.s_q, case.d], &host);
+    let mask = case.padded_keys.as_ref().map(|padded| {
+        let hidden: Vec<bool> = (0..case.batch)
+            .flat_map(|b| (0..case.s_k).map(move |j| j >= case.s_k - padded[b]))
+            .collect();
+        Tensor::<2, Bool>::from_data(TensorData::new(hidden, [case.batch, case.s_k]), device)
+    });
+
+    let autodiff = device.clone().autodiff();
+    let tracked = |t: &Tensor<4>| Tensor::<4>::from_data(t.to_data(), &autodiff).require_grad();
+    let (fq, fk, fv) = (tracked(&q), tracked(&k), tracked(&v));
+    let out = flash_attention(fq.clone(), fk.clone(), fv.clone(), mask, case.options);
+    let flash_grads = (out.clone() * Tensor::from_data(d_out.to_data(), &autodiff))
+        .sum()
+        .backward();
+    let [dq, dk, dv] =
+        [&fq, &fk, &fv].map(|t| t.grad(&flash_grads).expect("q, k and v get gradients"));
+
+    let reference_device = host.clone().autodiff();
+    let leaf = |t: &Tensor<4>| {
+        Tensor::<4>::from_data(t.to_data(), (&reference_device, DType::F64)).require_grad()
+    };
+    let (rq, rk, rv) = (leaf(&q), leaf(&k), leaf(&v));
+    let want = reference(case, rq.clone(), rk.clone(), rv.clone());
+    let grads = (want.clone()
+        * Tensor::from_data(d_out.to_data(), (&reference_device, DType::F64)))
+    .sum()
+    .backward();
+    let host_f64 =
+        |t: Tensor<4>| Tensor::<4>::from_data(t.into_data().convert::<f64>(), (&host, DType::F64));
+
+    assert_close("out", case, host_f64(out.inner()), host_f64(want.inner()));
+    assert_close("dq", case, host_f64(dq), host_f64(rq.grad(&grads).unwrap()));
+    assert_close("dk", case, host_f64(dk), host_f64(rk.grad(&grads).unwrap()));
+    assert_close("dv", case, host_f64(dv), host_f64(rv.grad(&grads).unwrap()));
+}
+
+fn seed_from_clock(device: &Device) {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("seed {seed}");
+    device.seed(seed);
+}
+
+#[test]
+fn matches_the_reference_on_odd_shapes_with_every_option() {
+    seed_from_clock(&Device::flex());
+    let mut cases = Vec::new();
+    for s in [1, 7, 65, 257] {
+        cases.push(Case::new(2, 2, 2, s, s, 32));
+        cases.push(Case::new(1, 2, 2, s, s, 64).causal());
+    }
+    for d in [32, 64, 80, 128] {
+        cases.push(Case::new(1, 2, 1, 33, 70, d).causal());
+    }
+    cases.push(Case::new(2, 4, 2, 70, 33, 32)); // s_q > s_k, GQA
+    cases.push(Case::new(1, 4, 2, 70, 33, 32).causal()); // the first 37 rows see nothing
+    cases.push(Case::new(1, 4, 1, 20, 130, 64).causal()); // MQA, KV-cache shaped
+    let mut window = Case::new(1, 2, 2, 100, 100, 32);
+    window.options.window = Some(17);
+    cases.push(window);
+    let mut padded = Case::new(3, 2, 1, 40, 67, 32);
+    padded.padded_keys = Some(vec![0, 30, 67]); // the last element is all padding
+    cases.push(padded);
+    let mut everything = Case::new(2, 6, 3, 90, 90, 80).causal();
+    everything.options.softcap = Some(5.0);
+    everything.options.scale = Some(0.3);
+    everything.options.window = Some(40);
+    everything.padded_keys = Some(vec![10, 0]);
+    cases.push(everything);
+
+    for device in common::devices() {
+        for case in &cases {
+            check(case, &device);
+        }
+    }
+}
+
+#[test]
+fn bad_shapes_name_the_shapes() {
+    let device = Device::flex();
+    let t = |shape: [usize; 4]| Tensor::<4>::zeros(shape, &device);
+    let options = FlashAttentionOptions::default();
+    let error = |q, k, v| {
+        flash_attention::check_shapes(&t(q), &t(k), &t(v), None, &options)
+            .unwrap_err()
+            .to_string()
+    };
+
+    let message = error([2, 4, 8, 32], [3, 4, 8, 32], [3, 4, 8, 32]);
+    assert!(
+        message.contains("batch")
+            && message.contains("[2, 4, 8, 32]")
+            && message.contains("[3, 4, 8, 32]"),
+        "{message}"
+    );
+    assert!(
+        error([1, 6, 8, 32], [1, 4, 8, 32], [1, 4, 8, 32])
+            .contains("multiple of key/value heads (4)")
+    );
+    assert!(error([1, 4, 8, 32], [1, 4, 8, 16], [1, 4, 8, 32]).contains("head dim"));
+    assert!(
+        error([1, 4, 8, 32], [1, 4, 8, 32], [1, 4, 9, 32])
+            .contains("same heads and sequence length")
+    );
+    assert!(error([1, 4, 8, 512], [1, 4, 8, 512], [1, 4, 8, 32]).contains("above 256"));
+
+    let mask = Tensor::<2, Bool>::from_data(TensorData::new(vec![false; 7], [1, 7]), &device);
+    let q = t([1, 4, 8, 32]);
+    let message = flash_attention::check_shapes(&q, &q, &q, Some(&mask), &options)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("[batch, s_k] = [1, 8]") && message.contains("[1, 7]"),
+        "{message}"
+    );
+}

@@ -1,0 +1,92 @@
+//! Flash attention's memory claim: forward + backward grow linearly in the sequence length,
+//! where Burn's autodiff attention grows with its square.
+
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn_memwall::memory::{CountingAllocator, MemoryMeter};
+use burn_memwall::ops::flash_attention::{FlashAttentionOptions, flash_attention};
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+/// Peak readings are process-wide: measurements take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+const HEADS: usize = 8;
+const D: usize = 64;
+
+fn inputs(seq: usize, device: &Device) -> [Tensor<4>; 4] {
+    [(); 4].map(|_| Tensor::<4>::random([1, HEADS, seq, D], Distribution::Normal(0.0, 1.0), device))
+}
+
+/// Bytes held at the peak of `work`, above what was live before it (inputs included in neither).
+fn peak_of(device: &Device, work: impl FnOnce()) -> u64 {
+    let meter = MemoryMeter::new(device);
+    let before = meter.live_bytes();
+    meter.reset_peak();
+    work();
+    meter.peak_bytes() - before
+}
+
+/// Peak of one training-style use: forward, then backward of `sum(out ∘ d_out)`, under autodiff.
+fn train_peak(
+    seq: usize,
+    device: &Device,
+    attend: impl FnOnce(Tensor<4>, Tensor<4>, Tensor<4>) -> Tensor<4>,
+) -> u64 {
+    let autodiff = device.clone().autodiff();
+    let [q, k, v, d_out] = inputs(seq, &autodiff);
+    let (q, k, v) = (q.require_grad(), k.require_grad(), v.require_grad());
+    peak_of(device, || {
+        let grads = (attend(q, k, v) * d_out).sum().backward();
+        drop(grads);
+    })
+}
+
+fn flash_peak(seq: usize, device: &Device) -> u64 {
+    let options = FlashAttentionOptions {
+        causal: true,
+        ..Default::default()
+    };
+    train_peak(seq, device, |q, k, v| {
+        flash_attention(q, k, v, None, options)
+    })
+}
+
+fn burn_peak(seq: usize, device: &Device) -> u64 {
+    let options = AttentionModuleOptions {
+        is_causal: true,
+        ..Default::default()
+    };
+    train_peak(seq, device, |q, k, v| {
+        attention(q, k, v, None, None, options)
+    })
+}
+
+#[test]
+fn doubling_the_sequence_doubles_the_peak_not_quadruples_it() {
+    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let device = Device::flex();
+    flash_peak(64, &device); // first-use allocations of the runtime are not the op's
+    let (flash_s, flash_2s) = (flash_peak(512, &device), flash_peak(1024, &device));
+    let (burn_s, burn_2s) = (burn_peak(512, &device), burn_peak(1024, &device));
+    let flash_growth = flash_2s as f64 / flash_s as f64;
+    let burn_growth = burn_2s as f64 / burn_s as f64;
+    eprintln!(
+        "flash {flash_s} → {flash_2s} (×{flash_growth:.2}); burn {burn_s} → {burn_2s} (×{burn_growth:.2})"
+    );
+    assert!(
+        flash_growth <= 2.3,
+        "flash attention peak grew ×{flash_growth:.2} for ×2 tokens"
+    );
+    assert!(
+        burn_growth >= 3.0,
+        "the measurement must see Burn's quadratic growth (×{burn_growth:.2})"
+    );
+    assert!(
+        flash_2s * 4 < burn_2s,
+        "at 1024 tokens: flash {flash_2s} vs Burn {burn_2s}"
+    );
+}
