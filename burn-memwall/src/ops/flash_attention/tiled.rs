@@ -178,7 +178,8 @@ fn tiles(len: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
         .map(move |start| start..(start + TILE).min(len))
 }
 
-/// The scores of one tile before masking, and the soft-capped values the backward needs.
+/// `q kᵀ · scale` of one tile, soft-capped when asked, before masking (the backward reuses the
+/// capped values for the cap's derivative `1 − (s / c)²`).
 fn tile_scores(q: Tensor<4>, k: Tensor<4>, scale: f64, softcap: Option<f64>) -> Tensor<4> {
     let scores = q.matmul(k.transpose()) * scale;
     match softcap {
