@@ -9,6 +9,9 @@ use super::{FlashAttentionError, FlashAttentionOptions};
 /// Rows and columns of one score tile.
 const TILE: usize = 64;
 
+/// The query rows or key columns of one tile.
+type Tile = std::ops::Range<usize>;
+
 /// The sizes of one call, checked.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Dims {
@@ -123,7 +126,7 @@ impl Visibility {
     }
 
     /// Whether any query of `queries` sees any key of `keys` (tiles that see nothing are skipped).
-    fn any(&self, queries: &std::ops::Range<usize>, keys: &std::ops::Range<usize>) -> bool {
+    fn any(&self, queries: &Tile, keys: &Tile) -> bool {
         queries.clone().any(|query| {
             let (first, last) = self.visible_keys(query);
             first < keys.end as i64 && last >= keys.start as i64
@@ -131,12 +134,7 @@ impl Visibility {
     }
 
     /// `[1, 1, queries, keys]`, true where the key is hidden (Burn's mask convention).
-    fn hidden(
-        &self,
-        queries: &std::ops::Range<usize>,
-        keys: &std::ops::Range<usize>,
-        device: &Device,
-    ) -> Tensor<4, Bool> {
+    fn hidden(&self, queries: &Tile, keys: &Tile, device: &Device) -> Tensor<4, Bool> {
         let hidden: Vec<bool> = queries
             .clone()
             .flat_map(|q| keys.clone().map(move |k| (q, k)))
@@ -172,44 +170,87 @@ fn reduce_heads(t: Tensor<4>, group: usize) -> Tensor<4> {
         .reshape([batch, heads / group, n, x])
 }
 
-fn tiles(len: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+fn tiles(len: usize) -> impl Iterator<Item = Tile> {
     (0..len)
         .step_by(TILE)
         .map(move |start| start..(start + TILE).min(len))
 }
 
-/// `q kᵀ · scale` of one tile, soft-capped when asked, before masking (the backward reuses the
-/// capped values for the cap's derivative `1 − (s / c)²`).
-fn tile_scores(q: Tensor<4>, k: Tensor<4>, scale: f64, softcap: Option<f64>) -> Tensor<4> {
-    let scores = q.matmul(k.transpose()) * scale;
-    match softcap {
-        Some(cap) => (scores / cap).tanh() * cap,
-        None => scores,
-    }
+/// Everything one call shares between tiles: the checked sizes, the scale, who sees whom.
+struct Plan {
+    dims: Dims,
+    scale: f64,
+    softcap: Option<f64>,
+    visibility: Visibility,
+    key_padding_mask: Option<Tensor<2, Bool>>,
+    device: Device,
 }
 
-/// The tile's hidden positions: causal/window structure and padded keys, `[batch, 1, rows, keys]`.
-fn tile_mask(
-    visibility: &Visibility,
-    key_padding_mask: Option<&Tensor<2, Bool>>,
-    queries: &std::ops::Range<usize>,
-    keys: &std::ops::Range<usize>,
-    batch: usize,
-    device: &Device,
-) -> Tensor<4, Bool> {
-    let structure =
-        visibility
-            .hidden(queries, keys, device)
-            .expand([batch, 1, queries.len(), keys.len()]);
-    match key_padding_mask {
-        Some(mask) => {
-            let padded =
-                mask.clone()
-                    .slice([0..batch, keys.clone()])
-                    .reshape([batch, 1, 1, keys.len()]);
-            structure.bool_or(padded.expand([batch, 1, queries.len(), keys.len()]))
+impl Plan {
+    fn new(
+        q: &Tensor<4>,
+        k: &Tensor<4>,
+        v: &Tensor<4>,
+        key_padding_mask: Option<Tensor<2, Bool>>,
+        options: &FlashAttentionOptions,
+    ) -> Result<Self, FlashAttentionError> {
+        let dims = dims(q, k, v, key_padding_mask.as_ref(), options)?;
+        Ok(Self {
+            scale: options.scale.unwrap_or(1.0 / (dims.d as f64).sqrt()),
+            softcap: options.softcap,
+            visibility: Visibility::new(options, &dims),
+            key_padding_mask,
+            device: q.device(),
+            dims,
+        })
+    }
+
+    /// Rows `queries` of a `[batch, heads, s_q, width]` tensor.
+    fn rows(&self, t: &Tensor<4>, queries: &Tile) -> Tensor<4> {
+        let [batch, heads, _, width] = t.dims();
+        t.clone()
+            .slice([0..batch, 0..heads, queries.clone(), 0..width])
+    }
+
+    /// Keys `keys` of a `[batch, kv_heads, s_k, width]` tensor, one copy per query head.
+    fn keys(&self, t: &Tensor<4>, keys: &Tile) -> Tensor<4> {
+        let [batch, kv_heads, _, width] = t.dims();
+        expand_heads(
+            t.clone()
+                .slice([0..batch, 0..kv_heads, keys.clone(), 0..width]),
+            self.dims.group(),
+        )
+    }
+
+    /// `q kᵀ · scale` of one tile, soft-capped when asked, before masking (the backward reuses
+    /// the capped values for the cap's derivative `1 − (s / c)²`).
+    fn scores(&self, q: Tensor<4>, k: Tensor<4>) -> Tensor<4> {
+        let scores = q.matmul(k.transpose()) * self.scale;
+        match self.softcap {
+            Some(cap) => (scores / cap).tanh() * cap,
+            None => scores,
         }
-        None => structure,
+    }
+
+    /// `[batch, heads, rows, keys]`, true where causal/window structure or padding hides a key.
+    fn hidden(&self, queries: &Tile, keys: &Tile) -> Tensor<4, Bool> {
+        let Dims { batch, heads, .. } = self.dims;
+        let shape = [batch, 1, queries.len(), keys.len()];
+        let structure = self
+            .visibility
+            .hidden(queries, keys, &self.device)
+            .expand(shape);
+        let hidden = match &self.key_padding_mask {
+            Some(mask) => {
+                let padded =
+                    mask.clone()
+                        .slice([0..batch, keys.clone()])
+                        .reshape([batch, 1, 1, keys.len()]);
+                structure.bool_or(padded.expand(shape))
+            }
+            None => structure,
+        };
+        hidden.expand([batch, heads, queries.len(), keys.len()])
     }
 }
 
@@ -222,48 +263,36 @@ pub(super) fn forward(
     key_padding_mask: Option<Tensor<2, Bool>>,
     options: FlashAttentionOptions,
 ) -> Result<(Tensor<4>, Tensor<4>), FlashAttentionError> {
-    let dims = dims(&q, &k, &v, key_padding_mask.as_ref(), &options)?;
-    let device = q.device();
-    let scale = options.scale.unwrap_or(1.0 / (dims.d as f64).sqrt());
-    let visibility = Visibility::new(&options, &dims);
-    let (b, h) = (dims.batch, dims.heads);
+    let plan = Plan::new(&q, &k, &v, key_padding_mask, &options)?;
+    let Dims {
+        batch,
+        heads,
+        s_q,
+        s_k,
+        d_v,
+        ..
+    } = plan.dims;
+    let device = &plan.device;
 
     let mut outputs = Vec::new();
     let mut lses = Vec::new();
-    for queries in tiles(dims.s_q) {
+    for queries in tiles(s_q) {
         let rows = queries.len();
-        let q_tile = q.clone().slice([0..b, 0..h, queries.clone(), 0..dims.d]);
-        let mut max = Tensor::<4>::full([b, h, rows, 1], f32::NEG_INFINITY, &device);
-        let mut sum = Tensor::<4>::zeros([b, h, rows, 1], &device);
-        let mut acc = Tensor::<4>::zeros([b, h, rows, dims.d_v], &device);
-        for keys in tiles(dims.s_k).filter(|keys| visibility.any(&queries, keys)) {
-            let k_tile = expand_heads(
-                k.clone()
-                    .slice([0..b, 0..dims.kv_heads, keys.clone(), 0..dims.d]),
-                dims.group(),
-            );
-            let v_tile = expand_heads(
-                v.clone()
-                    .slice([0..b, 0..dims.kv_heads, keys.clone(), 0..dims.d_v]),
-                dims.group(),
-            );
-            let mask = tile_mask(
-                &visibility,
-                key_padding_mask.as_ref(),
-                &queries,
-                &keys,
-                b,
-                &device,
-            );
-            let scores = tile_scores(q_tile.clone(), k_tile, scale, options.softcap)
-                .mask_fill(mask.expand([b, h, rows, keys.len()]), f32::NEG_INFINITY);
+        let q_tile = plan.rows(&q, &queries);
+        let mut max = Tensor::<4>::full([batch, heads, rows, 1], f32::NEG_INFINITY, device);
+        let mut sum = Tensor::<4>::zeros([batch, heads, rows, 1], device);
+        let mut acc = Tensor::<4>::zeros([batch, heads, rows, d_v], device);
+        for keys in tiles(s_k).filter(|keys| plan.visibility.any(&queries, keys)) {
+            let scores = plan
+                .scores(q_tile.clone(), plan.keys(&k, &keys))
+                .mask_fill(plan.hidden(&queries, &keys), f32::NEG_INFINITY);
             let new_max = max.clone().max_pair(scores.clone().max_dim(3));
             // A row that has seen no key yet keeps max −∞; subtracting 0 instead keeps exp finite.
             let safe_max = new_max.clone().mask_fill(new_max.clone().is_inf(), 0.0);
             let probs = (scores - safe_max.clone()).exp();
             let rescale = (max - safe_max).exp();
             sum = sum * rescale.clone() + probs.clone().sum_dim(3);
-            acc = acc * rescale + probs.matmul(v_tile);
+            acc = acc * rescale + probs.matmul(plan.keys(&v, &keys));
             max = new_max;
         }
         let empty = sum.clone().equal_elem(0.0);
@@ -289,63 +318,46 @@ pub(super) fn backward(
     d_out: Tensor<4>,
     options: FlashAttentionOptions,
 ) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>), FlashAttentionError> {
-    let dims = dims(&q, &k, &v, key_padding_mask.as_ref(), &options)?;
-    let device = q.device();
-    let scale = options.scale.unwrap_or(1.0 / (dims.d as f64).sqrt());
-    let visibility = Visibility::new(&options, &dims);
-    let (b, h, g) = (dims.batch, dims.heads, dims.group());
+    let plan = Plan::new(&q, &k, &v, key_padding_mask, &options)?;
+    let Dims {
+        batch,
+        heads,
+        s_q,
+        s_k,
+        d,
+        d_v,
+        ..
+    } = plan.dims;
+    let device = &plan.device;
     let row_dot = (d_out.clone() * out).sum_dim(3);
 
-    let mut dq = Tensor::<4>::zeros([b, h, dims.s_q, dims.d], &device);
+    let mut dq = Tensor::<4>::zeros([batch, heads, s_q, d], device);
     let mut dk_tiles = Vec::new();
     let mut dv_tiles = Vec::new();
-    for keys in tiles(dims.s_k) {
-        let cols = keys.len();
-        let k_tile = expand_heads(
-            k.clone()
-                .slice([0..b, 0..dims.kv_heads, keys.clone(), 0..dims.d]),
-            g,
-        );
-        let v_tile = expand_heads(
-            v.clone()
-                .slice([0..b, 0..dims.kv_heads, keys.clone(), 0..dims.d_v]),
-            g,
-        );
-        let mut dk_tile = Tensor::<4>::zeros([b, h, cols, dims.d], &device);
-        let mut dv_tile = Tensor::<4>::zeros([b, h, cols, dims.d_v], &device);
-        for queries in tiles(dims.s_q).filter(|queries| visibility.any(queries, &keys)) {
-            let rows = queries.len();
-            let q_tile = q.clone().slice([0..b, 0..h, queries.clone(), 0..dims.d]);
-            let do_tile = d_out
-                .clone()
-                .slice([0..b, 0..h, queries.clone(), 0..dims.d_v]);
-            let lse_tile = lse.clone().slice([0..b, 0..h, queries.clone(), 0..1]);
-            let dot_tile = row_dot.clone().slice([0..b, 0..h, queries.clone(), 0..1]);
-            let mask = tile_mask(
-                &visibility,
-                key_padding_mask.as_ref(),
-                &queries,
-                &keys,
-                b,
-                &device,
-            );
-            let scores = tile_scores(q_tile.clone(), k_tile.clone(), scale, options.softcap);
-            let probs = (scores.clone() - lse_tile)
+    for keys in tiles(s_k) {
+        let (k_tile, v_tile) = (plan.keys(&k, &keys), plan.keys(&v, &keys));
+        let mut dk_tile = Tensor::<4>::zeros([batch, heads, keys.len(), d], device);
+        let mut dv_tile = Tensor::<4>::zeros([batch, heads, keys.len(), d_v], device);
+        for queries in tiles(s_q).filter(|queries| plan.visibility.any(queries, &keys)) {
+            let q_tile = plan.rows(&q, &queries);
+            let do_tile = plan.rows(&d_out, &queries);
+            let scores = plan.scores(q_tile.clone(), k_tile.clone());
+            let probs = (scores.clone() - plan.rows(&lse, &queries))
                 .exp()
-                .mask_fill(mask.expand([b, h, rows, cols]), 0.0);
+                .mask_fill(plan.hidden(&queries, &keys), 0.0);
             dv_tile = dv_tile + probs.clone().transpose().matmul(do_tile.clone());
-            let mut d_scores = probs * (do_tile.matmul(v_tile.clone().transpose()) - dot_tile);
-            if let Some(cap) = options.softcap {
+            let mut d_scores = probs
+                * (do_tile.matmul(v_tile.clone().transpose()) - plan.rows(&row_dot, &queries));
+            if let Some(cap) = plan.softcap {
                 d_scores = d_scores * ((scores / cap).powi_scalar(2).neg() + 1.0);
             }
-            let d_scores = d_scores * scale;
-            let dq_rows = dq.clone().slice([0..b, 0..h, queries.clone(), 0..dims.d])
-                + d_scores.clone().matmul(k_tile.clone());
-            dq = dq.slice_assign([0..b, 0..h, queries.clone(), 0..dims.d], dq_rows);
+            let d_scores = d_scores * plan.scale;
+            let dq_rows = plan.rows(&dq, &queries) + d_scores.clone().matmul(k_tile.clone());
+            dq = dq.slice_assign([0..batch, 0..heads, queries.clone(), 0..d], dq_rows);
             dk_tile = dk_tile + d_scores.transpose().matmul(q_tile);
         }
-        dk_tiles.push(reduce_heads(dk_tile, g));
-        dv_tiles.push(reduce_heads(dv_tile, g));
+        dk_tiles.push(reduce_heads(dk_tile, plan.dims.group()));
+        dv_tiles.push(reduce_heads(dv_tile, plan.dims.group()));
     }
     Ok((dq, Tensor::cat(dk_tiles, 2), Tensor::cat(dv_tiles, 2)))
 }
