@@ -142,7 +142,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "  peak memory            {} ({})",
         human_bytes(meter.peak_bytes()),
-        peak_kind(&device)
+        meter.source()
     );
     println!(
         "  wall time              {:.1} s",
@@ -172,12 +172,4 @@ fn list_models() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("(training replaces the vocabulary with the tokenizer's)");
     Ok(())
-}
-
-fn peak_kind(device: &burn::prelude::Device) -> &'static str {
-    if device.memory_pool_usage().is_some() {
-        "device memory pools, reserved"
-    } else {
-        "process heap"
-    }
 }

@@ -3,13 +3,13 @@
 use std::time::Instant;
 
 use burn::module::Module;
-use burn::optim::{AdamWConfig, GradientsParams};
+use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
 use burn_memwall::memory::{MemoryMeter, PoolBreakdown};
 
 use crate::Error;
-use crate::data::LmBatcher;
-use crate::lm::LmConfig;
+use crate::data::{LmBatch, LmBatcher};
+use crate::lm::{LanguageModel, LmConfig};
 
 /// What a few training steps of one stack measured.
 #[derive(Clone, Copy, Debug)]
@@ -71,9 +71,8 @@ pub fn measure_baseline_steps(
         let batch = LmBatcher::batch_windows(&windows[first..first + batch_size], &train_device);
         meter.reset_peak();
         let started = Instant::now();
-        let step_loss = model.loss(batch.inputs, batch.targets);
-        let grads = GradientsParams::from_grads(step_loss.backward(), &model);
-        model = optimizer.step(learning_rate, model, grads);
+        let step_loss;
+        (model, step_loss) = train_step(model, &mut optimizer, batch, learning_rate);
         loss = step_loss.into_scalar::<f32>();
         if step > 0 {
             timed_seconds += started.elapsed().as_secs_f64();
@@ -104,10 +103,24 @@ fn warm_up_runtime(
     batch_size: usize,
     device: &Device,
 ) -> Result<(), Error> {
-    let model = config.init(device)?;
     let batch = LmBatcher::batch_windows(&windows[..batch_size], device);
+    train_step(
+        config.init(device)?,
+        &mut AdamWConfig::new().init(),
+        batch,
+        1e-3,
+    );
+    Ok(())
+}
+
+/// One baseline step: loss, backward, AdamW update. Returns the updated model and the loss.
+fn train_step(
+    model: LanguageModel,
+    optimizer: &mut ModuleOptimizer,
+    batch: LmBatch,
+    learning_rate: f64,
+) -> (LanguageModel, Tensor<1>) {
     let loss = model.loss(batch.inputs, batch.targets);
     let grads = GradientsParams::from_grads(loss.backward(), &model);
-    AdamWConfig::new().init().step(1e-3, model, grads);
-    Ok(())
+    (optimizer.step(learning_rate, model, grads), loss)
 }

@@ -28,6 +28,15 @@ impl MemoryMeter {
         self.device.memory_pool_usage().is_some() || CountingAllocator::is_installed()
     }
 
+    /// What the readings count, for reports.
+    pub fn source(&self) -> &'static str {
+        if self.device.memory_pool_usage().is_some() {
+            "device memory pools, reserved"
+        } else {
+            "process heap"
+        }
+    }
+
     /// Starts a new peak window (Flex). Pool peaks on Cube devices cannot be reset: measure one
     /// configuration per process there.
     pub fn reset_peak(&self) {
