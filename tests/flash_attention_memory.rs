@@ -1,6 +1,8 @@
 //! Flash attention's memory claim: forward + backward grow linearly in the sequence length,
 //! where Burn's autodiff attention grows with its square.
 
+mod common;
+
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::module::attention;
@@ -68,25 +70,28 @@ fn burn_peak(seq: usize, device: &Device) -> u64 {
 #[test]
 fn doubling_the_sequence_doubles_the_peak_not_quadruples_it() {
     let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let device = Device::flex();
-    flash_peak(64, &device); // first-use allocations of the runtime are not the op's
-    let (flash_s, flash_2s) = (flash_peak(512, &device), flash_peak(1024, &device));
-    let (burn_s, burn_2s) = (burn_peak(512, &device), burn_peak(1024, &device));
-    let flash_growth = flash_2s as f64 / flash_s as f64;
-    let burn_growth = burn_2s as f64 / burn_s as f64;
-    eprintln!(
-        "flash {flash_s} → {flash_2s} (×{flash_growth:.2}); burn {burn_s} → {burn_2s} (×{burn_growth:.2})"
-    );
-    assert!(
-        flash_growth <= 2.3,
-        "flash attention peak grew ×{flash_growth:.2} for ×2 tokens"
-    );
-    assert!(
-        burn_growth >= 3.0,
-        "the measurement must see Burn's quadratic growth (×{burn_growth:.2})"
-    );
-    assert!(
-        flash_2s * 4 < burn_2s,
-        "at 1024 tokens: flash {flash_2s} vs Burn {burn_2s}"
-    );
+    for device in common::devices() {
+        let name = burn_memwall::device::describe(&device);
+        flash_peak(64, &device); // first-use allocations of the runtime are not the op's
+        let (flash_s, flash_2s) = (flash_peak(512, &device), flash_peak(1024, &device));
+        let (burn_s, burn_2s) = (burn_peak(512, &device), burn_peak(1024, &device));
+        let flash_growth = flash_2s as f64 / flash_s as f64;
+        let burn_growth = burn_2s as f64 / burn_s as f64;
+        eprintln!(
+            "{name}: flash {flash_s} → {flash_2s} (×{flash_growth:.2}); \
+             burn {burn_s} → {burn_2s} (×{burn_growth:.2})"
+        );
+        assert!(
+            flash_growth <= 2.3,
+            "{name}: flash attention peak grew ×{flash_growth:.2} for ×2 tokens"
+        );
+        assert!(
+            burn_growth >= 3.0,
+            "{name}: the measurement must see Burn's quadratic growth (×{burn_growth:.2})"
+        );
+        assert!(
+            flash_2s * 4 < burn_2s,
+            "{name}: at 1024 tokens: flash {flash_2s} vs Burn {burn_2s}"
+        );
+    }
 }

@@ -5,9 +5,9 @@ use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::Checkpoi
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::{BoolTensor, FloatTensor};
-use burn::backend::{Autodiff, Backend, DispatchKindConversion, DispatchTensor};
+use burn::backend::{Autodiff, AutodiffBackend};
 
-use super::{FlashAttentionBackend, FlashAttentionOptions, backward_on, forward_on};
+use super::{FlashAttentionBackend, FlashAttentionOptions};
 
 /// What the backward needs: inputs, output, log-sum-exp. Nothing of size `s_q × s_k`.
 type Saved<B> = (
@@ -23,17 +23,14 @@ type Saved<B> = (
 #[derive(Debug)]
 struct FlashAttentionBackward;
 
-impl<B: Backend> Backward<B, 3> for FlashAttentionBackward
-where
-    DispatchTensor: DispatchKindConversion<B>,
-{
+impl<B: FlashAttentionBackend> Backward<B, 3> for FlashAttentionBackward {
     type State = Saved<B>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [node_q, node_k, node_v] = ops.parents;
         let d_out = grads.consume::<B>(&ops.node);
         let (q, k, v, mask, out, lse, options) = ops.state;
-        let (dq, dk, dv) = backward_on::<B>(q, k, v, mask, out, lse, d_out, options);
+        let (dq, dk, dv) = B::flash_attention_backward(q, k, v, mask, out, lse, d_out, options);
         for (node, grad) in [(node_q, dq), (node_k, dk), (node_v, dv)] {
             if let Some(node) = node {
                 grads.register::<B>(node.id, grad);
@@ -42,10 +39,7 @@ where
     }
 }
 
-impl<B: FlashAttentionBackend, C: CheckpointStrategy> FlashAttentionBackend for Autodiff<B, C>
-where
-    DispatchTensor: DispatchKindConversion<B>,
-{
+impl<B: FlashAttentionBackend, C: CheckpointStrategy> FlashAttentionBackend for Autodiff<B, C> {
     fn flash_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -60,7 +54,7 @@ where
         {
             OpsKind::Tracked(prep) => {
                 let (q, k, v) = (q.into_primitive(), k.into_primitive(), v.into_primitive());
-                let (out, lse) = forward_on::<B>(
+                let (out, lse) = B::flash_attention_forward(
                     q.clone(),
                     k.clone(),
                     v.clone(),
@@ -77,5 +71,51 @@ where
                 options,
             )),
         }
+    }
+
+    /// Not differentiable: the primitives the differentiable op above is built from.
+    fn flash_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_padding_mask: BoolTensor<Self>,
+        options: FlashAttentionOptions,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (out, lse) = B::flash_attention_forward(
+            q.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            key_padding_mask,
+            options,
+        );
+        (Self::from_inner(out), Self::from_inner(lse))
+    }
+
+    /// Not differentiable (no double backward).
+    fn flash_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_padding_mask: BoolTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        options: FlashAttentionOptions,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (dq, dk, dv) = B::flash_attention_backward(
+            q.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            key_padding_mask,
+            out.into_primitive(),
+            lse.into_primitive(),
+            d_out.into_primitive(),
+            options,
+        );
+        (
+            Self::from_inner(dq),
+            Self::from_inner(dk),
+            Self::from_inner(dv),
+        )
     }
 }

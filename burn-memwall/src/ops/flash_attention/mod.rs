@@ -7,10 +7,14 @@
 //! sequence, where Burn's autodiff attention keeps `[batch, heads, s_q, s_k]` scores and
 //! probabilities.
 //!
-//! - `tiled.rs`: the algorithm on Burn tensors (today's Flex and Cube path);
+//! - `tiled.rs`: the algorithm on Burn tensors, tile by tile (the Flex path, and the oracle the
+//!   kernels are checked against);
+//! - `cube.rs`: the CubeCL kernels of `burn-memwall-kernels` (every Cube runtime);
 //! - `autodiff.rs`: the handwritten backward wired into Burn's autodiff.
 
 mod autodiff;
+#[cfg(feature = "cube")]
+mod cube;
 mod tiled;
 
 use burn::backend::tensor::{BoolTensor, FloatTensor};
@@ -83,123 +87,112 @@ pub fn flash_attention(
     ))
 }
 
-/// The backend extension behind [`flash_attention`].
-#[backend_extension(Flex, Cube: cfg(feature = "cube"), Autodiff)]
+/// The backend extension behind [`flash_attention`]: a forward that also returns the log-sum-exp
+/// `[batch, heads, s_q, 1]` of every query row, and the backward that recomputes probabilities
+/// from it. Flex runs the tiled algorithm (`tiled.rs`), Cube the CubeCL kernels (`cube.rs`),
+/// Autodiff wires them together (`autodiff.rs`).
+#[backend_extension(Flex, Cube: cfg(feature = "cube"), Autodiff, Fusion: cfg(feature = "cube"))]
 pub trait FlashAttentionBackend: Backend {
     /// See [`flash_attention`]; `key_padding_mask` is always given (all false for none).
+    #[fusion(default)]
     fn flash_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         key_padding_mask: BoolTensor<Self>,
         options: FlashAttentionOptions,
-    ) -> FloatTensor<Self>;
+    ) -> FloatTensor<Self> {
+        Self::flash_attention_forward(q, k, v, key_padding_mask, options).0
+    }
+
+    /// The output and the log-sum-exp that [`FlashAttentionBackend::flash_attention_backward`]
+    /// needs (a query that sees no key has zeros and a log-sum-exp that is never read).
+    #[fusion(meta = cube::forward_spec)]
+    fn flash_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_padding_mask: BoolTensor<Self>,
+        options: FlashAttentionOptions,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// `(dq, dk, dv)` from the inputs, the forward's output and log-sum-exp, and `d_out`.
+    #[allow(clippy::too_many_arguments)]
+    #[fusion(meta = cube::backward_spec)]
+    fn flash_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_padding_mask: BoolTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        options: FlashAttentionOptions,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 }
 
-/// Flex and Cube both run the tiled algorithm on Burn tensors (Cube until its CubeCL kernels land).
-macro_rules! tiled_backend {
-    ($backend:ty) => {
-        impl FlashAttentionBackend for $backend {
-            fn flash_attention(
-                q: FloatTensor<Self>,
-                k: FloatTensor<Self>,
-                v: FloatTensor<Self>,
-                key_padding_mask: BoolTensor<Self>,
-                options: FlashAttentionOptions,
-            ) -> FloatTensor<Self> {
-                forward_on::<Self>(q, k, v, key_padding_mask, options).0
-            }
-        }
-    };
+impl FlashAttentionBackend for Flex {
+    fn flash_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_padding_mask: BoolTensor<Self>,
+        options: FlashAttentionOptions,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (out, lse) = tiled::forward(
+            float(q),
+            float(k),
+            float(v),
+            Some(bool(key_padding_mask)),
+            options,
+        )
+        .unwrap_or_else(|error| panic!("{error}"));
+        (primitive(out), primitive(lse))
+    }
+
+    fn flash_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_padding_mask: BoolTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        options: FlashAttentionOptions,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (dq, dk, dv) = tiled::backward(
+            float(q),
+            float(k),
+            float(v),
+            Some(bool(key_padding_mask)),
+            float(out),
+            float(lse),
+            float(d_out),
+            options,
+        )
+        .unwrap_or_else(|error| panic!("{error}"));
+        (primitive(dq), primitive(dk), primitive(dv))
+    }
 }
 
-tiled_backend!(Flex);
-#[cfg(feature = "cube")]
-tiled_backend!(burn::backend::Cube);
-
-/// A backend primitive as a Burn tensor, so the tiled algorithm can run on it.
-fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<D>
-where
-    DispatchTensor: DispatchKindConversion<B>,
-{
-    Tensor::from_dispatch(<DispatchTensor as DispatchKindConversion<B>>::from_backend(
-        BackendTensor::Float(t),
-    ))
+/// A Flex primitive as a Burn tensor, so the tiled algorithm can run on it.
+fn float<const D: usize>(t: FloatTensor<Flex>) -> Tensor<D> {
+    Tensor::from_dispatch(
+        <DispatchTensor as DispatchKindConversion<Flex>>::from_backend(BackendTensor::Float(t)),
+    )
 }
 
-fn bool<B: Backend>(t: BoolTensor<B>) -> Tensor<2, Bool>
-where
-    DispatchTensor: DispatchKindConversion<B>,
-{
-    Tensor::from_dispatch(<DispatchTensor as DispatchKindConversion<B>>::from_backend(
-        BackendTensor::Bool(t),
-    ))
+fn bool(t: BoolTensor<Flex>) -> Tensor<2, Bool> {
+    Tensor::from_dispatch(
+        <DispatchTensor as DispatchKindConversion<Flex>>::from_backend(BackendTensor::Bool(t)),
+    )
 }
 
-/// A Burn tensor back as the backend primitive it was made from.
-fn primitive<B: Backend, const D: usize>(t: Tensor<D>) -> FloatTensor<B>
-where
-    DispatchTensor: DispatchKindConversion<B>,
-{
-    match <DispatchTensor as DispatchKindConversion<B>>::try_into_backend(t.into_dispatch()) {
+/// A Burn tensor back as the Flex primitive it was made from.
+fn primitive<const D: usize>(t: Tensor<D>) -> FloatTensor<Flex> {
+    match <DispatchTensor as DispatchKindConversion<Flex>>::try_into_backend(t.into_dispatch()) {
         Ok(BackendTensor::Float(t)) => t,
         Ok(_) => unreachable!("the tiled algorithm returns float tensors"),
         Err(error) => unreachable!("the tiled algorithm stays on its input's backend: {error}"),
     }
-}
-
-/// Output and log-sum-exp `[batch, heads, s_q, 1]` on backend `B`, through the tiled algorithm.
-fn forward_on<B: Backend>(
-    q: FloatTensor<B>,
-    k: FloatTensor<B>,
-    v: FloatTensor<B>,
-    key_padding_mask: BoolTensor<B>,
-    options: FlashAttentionOptions,
-) -> (FloatTensor<B>, FloatTensor<B>)
-where
-    DispatchTensor: DispatchKindConversion<B>,
-{
-    let (out, lse) = tiled::forward(
-        float(q),
-        float(k),
-        float(v),
-        Some(bool::<B>(key_padding_mask)),
-        options,
-    )
-    .unwrap_or_else(|error| panic!("{error}"));
-    (primitive::<B, 4>(out), primitive::<B, 4>(lse))
-}
-
-/// `(dq, dk, dv)` on backend `B` from the forward's output and log-sum-exp.
-#[allow(clippy::too_many_arguments)]
-fn backward_on<B: Backend>(
-    q: FloatTensor<B>,
-    k: FloatTensor<B>,
-    v: FloatTensor<B>,
-    key_padding_mask: BoolTensor<B>,
-    out: FloatTensor<B>,
-    lse: FloatTensor<B>,
-    d_out: FloatTensor<B>,
-    options: FlashAttentionOptions,
-) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>)
-where
-    DispatchTensor: DispatchKindConversion<B>,
-{
-    let mask = Some(bool::<B>(key_padding_mask));
-    let (dq, dk, dv) = tiled::backward(
-        float(q),
-        float(k),
-        float(v),
-        mask,
-        float(out),
-        float(lse),
-        float(d_out),
-        options,
-    )
-    .unwrap_or_else(|error| panic!("{error}"));
-    (
-        primitive::<B, 4>(dq),
-        primitive::<B, 4>(dk),
-        primitive::<B, 4>(dv),
-    )
 }

@@ -1,0 +1,485 @@
+//! Flash attention kernels: `softmax(QKᵀ·scale + mask) V` and its gradients without an
+//! `[s_q, s_k]` matrix anywhere.
+//!
+//! A unit owns `rows` rows (comptime) and keeps their accumulators in registers, so that each
+//! element it loads from the other side serves `rows` rows. A cube owns a tile of
+//! `CUBE_DIM_X · rows` consecutive rows of one (batch, head) pair (unit `u` owns rows `u`,
+//! `u + CUBE_DIM_X`, …) and walks the keys (or queries) its tile sees in one loop shared by all
+//! its units, each unit zeroing what its own rows must not see: every load of that loop has
+//! the same address in every unit, which a GPU serves as one broadcast.
+//!
+//! Launch: `cube_dim = (units, 1, 1)`, `cube_count = (⌈rows in the sequence / (units · rows)⌉,
+//! pairs, 1)` with the sequence and the pairs as each kernel says.
+//! - [`flash_attention_forward_kernel`]: a query row, walking its visible keys with an online
+//!   softmax; writes the output row and the row's log-sum-exp;
+//! - [`flash_attention_query_grad_kernel`]: a query row again, recomputing each probability from
+//!   the log-sum-exp; writes dQ and `delta = rowsum(dO ∘ O)`;
+//! - [`flash_attention_key_grad_kernel`]: a key row, walking every query (of every head of its
+//!   group) that sees it; writes dK and dV. Splitting dQ from dK/dV is FlashAttention-2's way
+//!   to avoid atomics: each output row has exactly one writer.
+//!
+//! Layouts: q, d_out `[batch, heads, s_q, d]`, k, v `[batch, kv_heads, s_k, d]` read through
+//! their strides (the transposed views an attention layer makes need no copy); `hidden`
+//! `[batch, s_k]` f32, nonzero for padding keys; lse and delta `[batch·heads·s_q]` in f32; every
+//! written tensor is contiguous. Arithmetic is f32 whatever the storage type `F`.
+//!
+//! Visibility: query `i` sits at key position `i + offset` (`offset = s_k − s_q`, a KV cache's
+//! alignment). Causal: keys up to that position. `window > 0`: only the last `window` of them.
+
+use cubecl::prelude::*;
+
+/// The log-sum-exp written for a query that sees no key. Such a row outputs zeros and its
+/// log-sum-exp is never read back; a finite value keeps WGSL, which rejects an infinite
+/// literal, happy.
+pub const EMPTY_ROW_LSE: f32 = 3.0e38;
+
+/// Below every real score, so the first visible key always becomes the running maximum.
+const NO_SCORE: f32 = -3.0e38;
+
+/// First key that query `query` sees.
+#[cube]
+fn first_key(query: usize, offset: i32, window: u32) -> usize {
+    let mut first = 0i32;
+    if window > 0 {
+        first = i32::cast_from(query) + offset - i32::cast_from(window) + 1;
+    }
+    if first < 0 {
+        first = 0;
+    }
+    usize::cast_from(first)
+}
+
+/// One past the last key that query `query` sees.
+#[cube]
+fn end_key(query: usize, s_k: usize, offset: i32, #[comptime] causal: bool) -> usize {
+    let mut end = s_k;
+    if causal {
+        let mut last = i32::cast_from(query) + offset + 1;
+        if last < 0 {
+            last = 0;
+        }
+        end = min(usize::cast_from(last), s_k);
+    }
+    end
+}
+
+/// Whether query `query` sees key `key` by position.
+#[cube]
+fn sees(
+    query: usize,
+    key: usize,
+    s_k: usize,
+    offset: i32,
+    window: u32,
+    #[comptime] causal: bool,
+) -> bool {
+    key >= first_key(query, offset, window) && key < end_key(query, s_k, offset, causal)
+}
+
+/// First query that sees key `key` (the inverse of [`end_key`]).
+#[cube]
+fn first_query(key: usize, offset: i32, #[comptime] causal: bool) -> usize {
+    let mut first = 0i32;
+    if causal {
+        first = i32::cast_from(key) - offset;
+    }
+    if first < 0 {
+        first = 0;
+    }
+    usize::cast_from(first)
+}
+
+/// One past the last query that sees key `key` (the inverse of [`first_key`]).
+#[cube]
+fn end_query(key: usize, s_q: usize, offset: i32, window: u32) -> usize {
+    let mut end = s_q;
+    if window > 0 {
+        let mut last = i32::cast_from(key) - offset + i32::cast_from(window);
+        if last < 0 {
+            last = 0;
+        }
+        end = min(usize::cast_from(last), s_q);
+    }
+    end
+}
+
+/// Offset of row `row` of head `head` of batch element `batch` in a rank-4 tensor.
+#[cube]
+fn row_at<F: Float>(t: &Tensor<F>, batch: usize, head: usize, row: usize) -> usize {
+    batch * t.stride(0) + head * t.stride(1) + row * t.stride(2)
+}
+
+/// The tile of rows a cube owns: one (batch, head) pair, `CUBE_DIM_X · rows` consecutive rows.
+#[derive(CubeType)]
+struct Tile {
+    /// `batch · heads + head` (or `batch · kv_heads + kv_head` for key tiles).
+    pair: usize,
+    /// First and last row of the tile within the sequence of `len` rows.
+    first: usize,
+    last: usize,
+    len: usize,
+}
+
+#[cube]
+fn tile(len: usize, #[comptime] rows: usize) -> Tile {
+    let first = CUBE_POS_X as usize * CUBE_DIM_X as usize * rows;
+    Tile {
+        pair: CUBE_POS_Y as usize,
+        first,
+        last: min(first + CUBE_DIM_X as usize * rows, len) - 1,
+        len,
+    }
+}
+
+/// The `r`-th row of this unit. Past the sequence's end it is the last row again, computed and
+/// never written, so that every unit runs the tile's loop.
+#[cube]
+fn unit_row(tile: &Tile, r: usize) -> usize {
+    min(
+        tile.first + UNIT_POS_X as usize + r * CUBE_DIM_X as usize,
+        tile.len - 1,
+    )
+}
+
+#[cube]
+fn unit_writes(tile: &Tile, r: usize) -> bool {
+    tile.first + UNIT_POS_X as usize + r * (CUBE_DIM_X as usize) < tile.len
+}
+
+/// This unit's rows of `t` (`batch`, `head`), `len` elements each, as f32 registers.
+#[cube]
+fn load_rows<F: Float>(
+    t: &Tensor<F>,
+    tile: &Tile,
+    batch: usize,
+    head: usize,
+    #[comptime] len: usize,
+    #[comptime] rows: usize,
+) -> Array<f32> {
+    let mut registers = Array::<f32>::new(rows * len);
+    let stride = t.stride(3);
+    #[unroll]
+    for r in 0..rows {
+        let at = row_at(t, batch, head, unit_row(tile, r));
+        #[unroll]
+        for c in 0..len {
+            registers[r * len + c] = f32::cast_from(t[at + c * stride]);
+        }
+    }
+    registers
+}
+
+/// `values[r · len + c] · factors[r]` into this unit's rows of the contiguous `t`.
+#[cube]
+fn store_rows<F: Float>(
+    t: &mut Tensor<F>,
+    tile: &Tile,
+    values: &Array<f32>,
+    factors: &Array<f32>,
+    #[comptime] len: usize,
+    #[comptime] rows: usize,
+) {
+    #[unroll]
+    for r in 0..rows {
+        if unit_writes(tile, r) {
+            let at = (tile.pair * tile.len + unit_row(tile, r)) * len;
+            #[unroll]
+            for c in 0..len {
+                t[at + c] = F::cast_from(values[r * len + c] * factors[r]);
+            }
+        }
+    }
+}
+
+#[cube]
+fn filled(value: f32, #[comptime] len: usize) -> Array<f32> {
+    let mut registers = Array::<f32>::new(len);
+    #[unroll]
+    for c in 0..len {
+        registers[c] = value;
+    }
+    registers
+}
+
+/// `out[r] = registers[r · len ..] · t[at ..]` for each of the unit's rows: one load of `t`
+/// serves every row.
+#[cube]
+fn dots<F: Float>(
+    registers: &Array<f32>,
+    t: &Tensor<F>,
+    at: usize,
+    out: &mut Array<f32>,
+    #[comptime] len: usize,
+    #[comptime] rows: usize,
+) {
+    let stride = t.stride(3);
+    #[unroll]
+    for r in 0..rows {
+        out[r] = 0.0f32;
+    }
+    #[unroll]
+    for c in 0..len {
+        let element = f32::cast_from(t[at + c * stride]);
+        #[unroll]
+        for r in 0..rows {
+            out[r] += registers[r * len + c] * element;
+        }
+    }
+}
+
+/// `registers[r · len ..] += weights[r] · t[at ..]` for each of the unit's rows.
+#[cube]
+fn add_outer<F: Float>(
+    registers: &mut Array<f32>,
+    weights: &Array<f32>,
+    t: &Tensor<F>,
+    at: usize,
+    #[comptime] len: usize,
+    #[comptime] rows: usize,
+) {
+    let stride = t.stride(3);
+    #[unroll]
+    for c in 0..len {
+        let element = f32::cast_from(t[at + c * stride]);
+        #[unroll]
+        for r in 0..rows {
+            registers[r * len + c] += weights[r] * element;
+        }
+    }
+}
+
+/// The score of a raw dot product: scaled, then soft-capped as `softcap · tanh(s / softcap)`.
+#[cube]
+fn score(dot: f32, scale: f32, softcap: f32, #[comptime] softcapped: bool) -> f32 {
+    let mut s = dot * scale;
+    if softcapped {
+        s = softcap * (s / softcap).tanh();
+    }
+    s
+}
+
+/// `∂score/∂(scaled dot)`: 1, or `1 − tanh²` under soft-capping.
+#[cube]
+fn score_slope(score: f32, softcap: f32, #[comptime] softcapped: bool) -> f32 {
+    let mut slope = 1.0f32;
+    if softcapped {
+        let t = score / softcap;
+        slope = 1.0f32 - t * t;
+    }
+    slope
+}
+
+/// Output rows and log-sum-exps of query rows. Sequence: `s_q`; pairs: `batch · heads`.
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+pub fn flash_attention_forward_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    hidden: &Tensor<f32>,
+    out: &mut Tensor<F>,
+    lse: &mut Tensor<f32>,
+    scale: f32,
+    softcap: f32,
+    offset: i32,
+    window: u32,
+    #[comptime] d: usize,
+    #[comptime] d_v: usize,
+    #[comptime] rows: usize,
+    #[comptime] causal: bool,
+    #[comptime] softcapped: bool,
+    #[define(F)] _dtype: ElemType,
+) {
+    let (heads, s_k) = (q.shape(1), k.shape(2));
+    let tile = tile(q.shape(2), rows);
+    let (batch, head) = (tile.pair / heads, tile.pair % heads);
+    let kv_head = head / (heads / k.shape(1));
+
+    let q_rows = load_rows(q, &tile, batch, head, d, rows);
+    let mut acc = filled(0.0f32, rows * d_v);
+    let mut max = filled(f32::new(NO_SCORE), rows);
+    let mut sum = filled(0.0f32, rows);
+    let mut p = Array::<f32>::new(rows);
+    for j in first_key(tile.first, offset, window)..end_key(tile.last, s_k, offset, causal) {
+        let key_shown = hidden[batch * s_k + j] == 0.0f32;
+        dots(&q_rows, k, row_at(k, batch, kv_head, j), &mut p, d, rows);
+        #[unroll]
+        for r in 0..rows {
+            let visible = key_shown && sees(unit_row(&tile, r), j, s_k, offset, window, causal);
+            let s = score(p[r], scale, softcap, softcapped);
+            if visible && s > max[r] {
+                let correction = (max[r] - s).exp();
+                sum[r] *= correction;
+                #[unroll]
+                for c in 0..d_v {
+                    acc[r * d_v + c] *= correction;
+                }
+                max[r] = s;
+            }
+            p[r] = select(visible, (s - max[r]).exp(), 0.0f32);
+            sum[r] += p[r];
+        }
+        add_outer(&mut acc, &p, v, row_at(v, batch, kv_head, j), d_v, rows);
+    }
+
+    // A row that saw no key outputs zeros; its log-sum-exp is never read back.
+    let mut inv_sum = Array::<f32>::new(rows);
+    #[unroll]
+    for r in 0..rows {
+        inv_sum[r] = select(sum[r] > 0.0f32, 1.0f32 / sum[r], 0.0f32);
+        if unit_writes(&tile, r) {
+            lse[tile.pair * tile.len + unit_row(&tile, r)] = select(
+                sum[r] > 0.0f32,
+                max[r] + sum[r].ln(),
+                f32::new(EMPTY_ROW_LSE),
+            );
+        }
+    }
+    store_rows(out, &tile, &acc, &inv_sum, d_v, rows);
+}
+
+/// dQ of query rows, and their `delta = rowsum(dO ∘ O)` for the key kernel. Sequence: `s_q`;
+/// pairs: `batch · heads`.
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+pub fn flash_attention_query_grad_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    hidden: &Tensor<f32>,
+    out: &Tensor<F>,
+    d_out: &Tensor<F>,
+    lse: &Tensor<f32>,
+    delta: &mut Tensor<f32>,
+    dq: &mut Tensor<F>,
+    scale: f32,
+    softcap: f32,
+    offset: i32,
+    window: u32,
+    #[comptime] d: usize,
+    #[comptime] d_v: usize,
+    #[comptime] rows: usize,
+    #[comptime] causal: bool,
+    #[comptime] softcapped: bool,
+    #[define(F)] _dtype: ElemType,
+) {
+    let (heads, s_k) = (q.shape(1), k.shape(2));
+    let tile = tile(q.shape(2), rows);
+    let (batch, head) = (tile.pair / heads, tile.pair % heads);
+    let kv_head = head / (heads / k.shape(1));
+
+    let q_rows = load_rows(q, &tile, batch, head, d, rows);
+    let d_out_rows = load_rows(d_out, &tile, batch, head, d_v, rows);
+    let out_rows = load_rows(out, &tile, batch, head, d_v, rows);
+    let mut row_delta = Array::<f32>::new(rows);
+    let mut row_lse = Array::<f32>::new(rows);
+    #[unroll]
+    for r in 0..rows {
+        let mut sum = 0.0f32;
+        #[unroll]
+        for c in 0..d_v {
+            sum += d_out_rows[r * d_v + c] * out_rows[r * d_v + c];
+        }
+        row_delta[r] = sum;
+        row_lse[r] = lse[tile.pair * tile.len + unit_row(&tile, r)];
+    }
+
+    let mut dq_acc = filled(0.0f32, rows * d);
+    let mut ds = Array::<f32>::new(rows);
+    let mut dp = Array::<f32>::new(rows);
+    for j in first_key(tile.first, offset, window)..end_key(tile.last, s_k, offset, causal) {
+        let key_shown = hidden[batch * s_k + j] == 0.0f32;
+        let k_at = row_at(k, batch, kv_head, j);
+        dots(&q_rows, k, k_at, &mut ds, d, rows);
+        dots(
+            &d_out_rows,
+            v,
+            row_at(v, batch, kv_head, j),
+            &mut dp,
+            d_v,
+            rows,
+        );
+        #[unroll]
+        for r in 0..rows {
+            let visible = key_shown && sees(unit_row(&tile, r), j, s_k, offset, window, causal);
+            let s = score(ds[r], scale, softcap, softcapped);
+            let p = select(visible, (s - row_lse[r]).exp(), 0.0f32);
+            ds[r] = p * (dp[r] - row_delta[r]) * score_slope(s, softcap, softcapped);
+        }
+        add_outer(&mut dq_acc, &ds, k, k_at, d, rows);
+    }
+    #[unroll]
+    for r in 0..rows {
+        if unit_writes(&tile, r) {
+            delta[tile.pair * tile.len + unit_row(&tile, r)] = row_delta[r];
+        }
+    }
+    store_rows(dq, &tile, &dq_acc, &filled(scale, rows), d, rows);
+}
+
+/// dK and dV of key rows, summed over every query of every head in their group that sees them.
+/// Sequence: `s_k`; pairs: `batch · kv_heads`.
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+pub fn flash_attention_key_grad_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    hidden: &Tensor<f32>,
+    d_out: &Tensor<F>,
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    dk: &mut Tensor<F>,
+    dv: &mut Tensor<F>,
+    scale: f32,
+    softcap: f32,
+    offset: i32,
+    window: u32,
+    #[comptime] d: usize,
+    #[comptime] d_v: usize,
+    #[comptime] rows: usize,
+    #[comptime] group: usize,
+    #[comptime] causal: bool,
+    #[comptime] softcapped: bool,
+    #[define(F)] _dtype: ElemType,
+) {
+    let (heads, s_q) = (q.shape(1), q.shape(2));
+    let (kv_heads, s_k) = (k.shape(1), k.shape(2));
+    let tile = tile(s_k, rows);
+    let (batch, kv_head) = (tile.pair / kv_heads, tile.pair % kv_heads);
+
+    let k_rows = load_rows(k, &tile, batch, kv_head, d, rows);
+    let v_rows = load_rows(v, &tile, batch, kv_head, d_v, rows);
+    let mut dk_acc = filled(0.0f32, rows * d);
+    let mut dv_acc = filled(0.0f32, rows * d_v);
+    let mut p = Array::<f32>::new(rows);
+    let mut ds = Array::<f32>::new(rows);
+    let queries_first = first_query(tile.first, offset, causal);
+    let queries_end = end_query(tile.last, s_q, offset, window);
+    // Unrolled so that each head's query loop is a loop of its own: lavapipe (Mesa's software
+    // Vulkan) silently ends a loop nest after 65535 iterations in total.
+    #[unroll]
+    for g in 0..group {
+        let head = kv_head * group + g;
+        for i in queries_first..queries_end {
+            let query = (batch * heads + head) * s_q + i;
+            let (q_at, d_out_at) = (row_at(q, batch, head, i), row_at(d_out, batch, head, i));
+            dots(&k_rows, q, q_at, &mut p, d, rows);
+            dots(&v_rows, d_out, d_out_at, &mut ds, d_v, rows);
+            #[unroll]
+            for r in 0..rows {
+                let j = unit_row(&tile, r);
+                let visible = hidden[batch * s_k + j] == 0.0f32
+                    && i >= first_query(j, offset, causal)
+                    && i < end_query(j, s_q, offset, window);
+                let s = score(p[r], scale, softcap, softcapped);
+                p[r] = select(visible, (s - lse[query]).exp(), 0.0f32);
+                ds[r] = p[r] * (ds[r] - delta[query]) * score_slope(s, softcap, softcapped);
+            }
+            add_outer(&mut dv_acc, &p, d_out, d_out_at, d_v, rows);
+            add_outer(&mut dk_acc, &ds, q, q_at, d, rows);
+        }
+    }
+    store_rows(dk, &tile, &dk_acc, &filled(scale, rows), d, rows);
+    store_rows(dv, &tile, &dv_acc, &filled(1.0f32, rows), d_v, rows);
+}
