@@ -74,6 +74,10 @@ pub fn measure_baseline_steps(
         let step_loss;
         (model, step_loss) = train_step(model, &mut optimizer, batch, learning_rate);
         loss = step_loss.into_scalar::<f32>();
+        // The loss is ready before the backward pass and the update are: wait for them too.
+        device
+            .sync()
+            .map_err(|error| Error::Training(format!("the device failed: {error:?}")))?;
         if step > 0 {
             timed_seconds += started.elapsed().as_secs_f64();
         }
