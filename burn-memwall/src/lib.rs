@@ -7,10 +7,13 @@
 //!
 //! - [`device`]: one runtime device choice for every program (`--device`, `BURN_DEVICE`);
 //! - [`memory`]: peak-memory measurement of a training step, split into pools;
-//! - [`ops`]: the memory-lean ops (flash attention's tiled algorithm so far).
+//! - [`ops`]: the memory-lean ops, each a custom Burn op with a handwritten backward (flash
+//!   attention so far);
+//! - [`nn`]: drop-in layers built on them ([`nn::FlashMultiHeadAttention`]).
 
 pub mod device;
 pub mod memory;
+pub mod nn;
 pub mod ops;
 
 pub use device::{DeviceChoice, DeviceError};

@@ -1,0 +1,162 @@
+//! Multi-head attention on [`flash_attention`]: Burn's `MultiHeadAttention` without the
+//! `[batch, heads, s_1, s_2]` weights, in the forward pass or the backward.
+
+use burn::module::Module;
+use burn::nn::Linear;
+use burn::nn::attention::{MultiHeadAttention, MultiHeadAttentionConfig};
+use burn::prelude::*;
+
+use crate::ops::flash_attention::{FlashAttentionOptions, flash_attention};
+
+/// A Burn layer that cannot become a [`FlashMultiHeadAttention`], and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FlashMhaError {
+    /// Dropout on the attention weights needs those weights.
+    #[error(
+        "flash multi-head attention has no dropout on the attention weights (it never holds \
+         them): set the config's dropout to 0 (got {0})"
+    )]
+    WeightDropout(String),
+    /// Quiet softmax (`exp(s) / (1 + Σ exp)`) is not implemented by the flash kernels.
+    #[error("flash multi-head attention does not implement quiet softmax")]
+    QuietSoftmax,
+}
+
+/// Drop-in for [`MultiHeadAttention`]: the same config ([`MultiHeadAttentionConfig`]), the same
+/// four linears and so the same weights and records, the same inputs. What differs:
+/// - the forward returns the context `[batch, s_1, d_model]` only; Burn's `MhaOutput` also
+///   returns the attention weights, which are exactly the `s_1 × s_2` tensor this layer avoids;
+/// - masking is by key padding ([`FlashMhaInput::mask_pad`]) and position
+///   ([`FlashMhaInput::causal`], [`FlashMhaInput::window`]) rather than an arbitrary
+///   `[batch, s_1, s_2]` mask;
+/// - masked keys get exactly zero weight (Burn fills them with `min_float`): results agree
+///   whenever a query sees at least one key, and a query that sees none outputs the output
+///   layer's bias, where Burn would average every value.
+///
+/// Swapping an existing layer is one line: `FlashMultiHeadAttention::try_from(mha)?`.
+#[derive(Module, Debug)]
+pub struct FlashMultiHeadAttention {
+    /// `[d_model] → [d_model]`, split into `n_heads` query heads.
+    pub query: Linear,
+    /// `[d_model] → [d_model]`, split into `n_heads` key heads.
+    pub key: Linear,
+    /// `[d_model] → [d_model]`, split into `n_heads` value heads.
+    pub value: Linear,
+    /// `[d_model] → [d_model]`, applied to the concatenated heads.
+    pub output: Linear,
+    /// Width of the model.
+    pub d_model: usize,
+    /// Number of heads.
+    pub n_heads: usize,
+}
+
+/// The inputs of [`FlashMultiHeadAttention::forward`], built like Burn's `MhaInput`.
+#[derive(Debug, Clone)]
+pub struct FlashMhaInput {
+    query: Tensor<3>,
+    key: Tensor<3>,
+    value: Tensor<3>,
+    mask_pad: Option<Tensor<2, Bool>>,
+    options: FlashAttentionOptions,
+}
+
+impl FlashMhaInput {
+    /// Self-attention over `tensor` `[batch, seq, d_model]`.
+    pub fn self_attn(tensor: Tensor<3>) -> Self {
+        Self::new(tensor.clone(), tensor.clone(), tensor)
+    }
+
+    /// query `[batch, s_1, d_model]` attending to key and value `[batch, s_2, d_model]`.
+    pub fn new(query: Tensor<3>, key: Tensor<3>, value: Tensor<3>) -> Self {
+        Self {
+            query,
+            key,
+            value,
+            mask_pad: None,
+            options: FlashAttentionOptions::default(),
+        }
+    }
+
+    /// `[batch, s_2]`, true for padding keys that no query may see.
+    pub fn mask_pad(mut self, mask_pad: Tensor<2, Bool>) -> Self {
+        self.mask_pad = Some(mask_pad);
+        self
+    }
+
+    /// Query `i` sees keys up to `i + s_2 − s_1` (causal, aligned to the end as with a KV cache).
+    pub fn causal(mut self) -> Self {
+        self.options.causal = true;
+        self
+    }
+
+    /// Causal, and only the last `window` keys (sliding-window attention).
+    pub fn window(mut self, window: usize) -> Self {
+        self.options.window = Some(window);
+        self
+    }
+}
+
+impl FlashMultiHeadAttention {
+    /// A fresh layer initialised exactly as `config.init(device)` initialises Burn's.
+    pub fn new(config: &MultiHeadAttentionConfig, device: &Device) -> Result<Self, FlashMhaError> {
+        Self::try_from(config.init(device))
+    }
+
+    /// `[batch, s_1, d_model]` → `[batch, s_1, d_model]`.
+    ///
+    /// Panics, naming the shapes, when the inputs do not fit the layer or each other.
+    pub fn forward(&self, input: FlashMhaInput) -> Tensor<3> {
+        let [batch, s_1, _] = input.query.dims();
+        for (name, t) in [
+            ("query", &input.query),
+            ("key", &input.key),
+            ("value", &input.value),
+        ] {
+            assert!(
+                t.dims()[2] == self.d_model,
+                "flash multi-head attention: {name} {:?} must end in d_model = {}",
+                t.dims(),
+                self.d_model
+            );
+        }
+        let heads = |x: Tensor<3>, linear: &Linear| {
+            let [batch, seq, _] = x.dims();
+            linear
+                .forward(x)
+                .reshape([batch, seq, self.n_heads, self.d_model / self.n_heads])
+                .swap_dims(1, 2)
+        };
+        let context = flash_attention(
+            heads(input.query, &self.query),
+            heads(input.key, &self.key),
+            heads(input.value, &self.value),
+            input.mask_pad,
+            input.options,
+        );
+        self.output
+            .forward(context.swap_dims(1, 2).reshape([batch, s_1, self.d_model]))
+    }
+}
+
+impl TryFrom<MultiHeadAttention> for FlashMultiHeadAttention {
+    type Error = FlashMhaError;
+
+    /// Keeps the four linears (weights, biases, parameter ids); refuses what the flash kernels
+    /// cannot compute without the attention weights.
+    fn try_from(mha: MultiHeadAttention) -> Result<Self, Self::Error> {
+        if mha.dropout.prob > 0.0 {
+            return Err(FlashMhaError::WeightDropout(mha.dropout.prob.to_string()));
+        }
+        if mha.quiet_softmax {
+            return Err(FlashMhaError::QuietSoftmax);
+        }
+        Ok(Self {
+            query: mha.query,
+            key: mha.key,
+            value: mha.value,
+            output: mha.output,
+            d_model: mha.d_model,
+            n_heads: mha.n_heads,
+        })
+    }
+}
