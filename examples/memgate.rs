@@ -5,14 +5,15 @@
 //! ```
 //!
 //! Each stack runs in its own child process so that no stack inherits another's allocator state
-//! or pool peaks. Today the only stack is `baseline` (Burn attention, full logits +
-//! `CrossEntropyLoss`, AdamW); each burn-memwall part adds its own row.
+//! or pool peaks. Stacks: `baseline` (Burn attention, full logits + `CrossEntropyLoss`, AdamW)
+//! and `flash-attention` (the same with burn-memwall's flash attention); each burn-memwall part
+//! adds its own row.
 
 use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, human_bytes};
 use burn_memwall_models::data::{TextTokenizer, load_text};
-use burn_memwall_models::lm::{LmConfig, human_count};
+use burn_memwall_models::lm::{AttentionKind, LmConfig, human_count};
 use burn_memwall_models::training::measure_baseline_steps;
 use clap::Parser;
 use serde::{Deserialize, Serialize};
@@ -60,7 +61,7 @@ struct Args {
 }
 
 /// Every stack memgate knows, in the order they are reported.
-const STACKS: [&str; 1] = ["baseline"];
+const STACKS: [&str; 2] = ["baseline", "flash-attention"];
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
 struct Row {
@@ -183,7 +184,10 @@ fn print_table(rows: &[Row]) {
 /// Measures `args.steps` training steps of `stack` in this process.
 fn run_stack(args: &Args, stack: &str) -> Result<Row, Box<dyn std::error::Error>> {
     let device = DeviceChoice::from_arg_or_env(Some(&args.device))?.device()?;
-    let config = LmConfig::preset(&args.model)?;
+    let mut config = LmConfig::preset(&args.model)?;
+    if stack == "flash-attention" {
+        config.attention = AttentionKind::Flash;
+    }
     // Byte ids fit every preset's vocabulary, so all models train on the same data.
     let tokens = TextTokenizer::byte_level().encode(&load_text(args.data.as_deref())?)?;
     let windows: Vec<Vec<u32>> = tokens

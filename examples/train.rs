@@ -13,7 +13,7 @@ use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes};
 use burn_memwall_models::data::{TextTokenizer, load_text};
-use burn_memwall_models::lm::{LmConfig, PRESETS, human_count};
+use burn_memwall_models::lm::{AttentionKind, LmConfig, PRESETS, human_count};
 use burn_memwall_models::training::{Artifacts, RunConfig, TrainingConfig, train};
 use clap::{Parser, ValueEnum};
 
@@ -28,12 +28,23 @@ enum TokenizerKind {
     Bpe,
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum AttentionArg {
+    /// Burn's attention op (keeps `[batch, heads, seq, seq]` for the backward pass).
+    Burn,
+    /// burn-memwall's flash attention (linear memory in the sequence).
+    Flash,
+}
+
 #[derive(Parser, Debug)]
 #[command(about = "Train the burn-memwall reference LM through Burn's Learner")]
 struct Args {
     /// Model size: tiny, small, gpt2-124m, llama-1b (vocabulary comes from the tokenizer).
     #[arg(long, default_value = "tiny")]
     model: String,
+    /// Attention implementation; both train the same weights.
+    #[arg(long, value_enum, default_value = "burn")]
+    attention: AttentionArg,
     /// auto, flex, wgpu, vulkan, metal, webgpu, cuda, rocm or cpu.
     #[arg(long, env = "BURN_DEVICE", default_value = "auto")]
     device: String,
@@ -94,6 +105,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let tokens = tokenizer.encode(&text)?;
     let mut model = LmConfig::preset(&args.model)?;
     model.vocab_size = tokenizer.vocab_size();
+    model.attention = match args.attention {
+        AttentionArg::Burn => AttentionKind::Burn,
+        AttentionArg::Flash => AttentionKind::Flash,
+    };
     let training = TrainingConfig::new()
         .with_seq_len(args.seq)
         .with_batch_size(args.batch)

@@ -1,12 +1,13 @@
-//! The reference language model: shapes, causality, parameter counts, config errors.
+//! The reference language model: shapes, causality, parameter counts, config errors, and the
+//! flash attention switch.
 
 mod common;
 
-use burn::module::Module;
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_memwall_models::Error;
-use burn_memwall_models::lm::{LmConfig, MlpKind, PRESETS};
+use burn_memwall_models::lm::{AttentionKind, LmConfig, MlpKind, PRESETS};
 
 /// A small config exercising grouped-query attention and an untied head.
 fn small_gqa() -> LmConfig {
@@ -62,6 +63,71 @@ fn attention_is_causal() {
             later_diff > 1e-4,
             "changing tokens must change their own logits ({later_diff})"
         );
+    }
+}
+
+/// Every parameter's gradient, in the module's visiting order, as host values.
+struct CollectGrads<'a> {
+    grads: &'a burn::tensor::Gradients,
+    out: Vec<Vec<f32>>,
+}
+
+impl ModuleVisitor for CollectGrads<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let grad = param
+            .val()
+            .grad(self.grads)
+            .expect("every parameter is used");
+        self.out.push(grad.into_data().to_vec::<f32>().unwrap());
+    }
+}
+
+fn loss_and_grads(
+    model: &burn_memwall_models::lm::LanguageModel,
+    tokens: &Tensor<2, Int>,
+) -> (f32, Vec<Vec<f32>>) {
+    let [batch, seq] = tokens.dims();
+    let inputs = tokens.clone().slice([0..batch, 0..seq - 1]);
+    let targets = tokens.clone().slice([0..batch, 1..seq]);
+    let loss = model.loss(inputs, targets);
+    let grads = loss.backward();
+    let mut collect = CollectGrads {
+        grads: &grads,
+        out: Vec::new(),
+    };
+    model.visit(&mut collect);
+    (loss.into_scalar::<f32>(), collect.out)
+}
+
+#[test]
+fn flash_attention_gives_the_same_loss_and_gradients() {
+    for device in common::devices() {
+        let autodiff = device.clone().autodiff();
+        let config = small_gqa();
+        let burn_model = config.init(&autodiff).unwrap();
+        let flash_model = config
+            .clone()
+            .with_attention(AttentionKind::Flash)
+            .init(&autodiff)
+            .unwrap()
+            .load_record(burn_model.clone().into_record());
+        let tokens = random_tokens(2, 25, config.vocab_size, &autodiff);
+        let (want_loss, want) = loss_and_grads(&burn_model, &tokens);
+        let (got_loss, got) = loss_and_grads(&flash_model, &tokens);
+        assert!(
+            (got_loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
+            "{got_loss} vs {want_loss}"
+        );
+        assert_eq!(got.len(), want.len());
+        for (index, (got, want)) in got.iter().zip(&want).enumerate() {
+            let largest = want.iter().fold(1e-3f32, |m, w| m.max(w.abs()));
+            for (g, w) in got.iter().zip(want) {
+                assert!(
+                    (g - w).abs() <= 1e-4 * w.abs() + 1e-4 * largest,
+                    "parameter {index}: {g} vs {w} on {device:?}"
+                );
+            }
+        }
     }
 }
 

@@ -1,16 +1,19 @@
-//! Causal grouped-query self-attention with rotary positions, on Burn's attention op.
+//! Causal grouped-query self-attention with rotary positions, on Burn's attention op or on
+//! burn-memwall's flash attention.
 
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig, RotaryEncoding};
 use burn::prelude::*;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
+use burn_memwall::ops::flash_attention::{FlashAttentionOptions, flash_attention};
 
-use super::LmConfig;
+use super::{AttentionKind, LmConfig};
 
 /// `softmax(QKᵀ/√d_head + causal mask) V` with `n_kv_heads` key/value heads shared by groups of
-/// query heads. The score matrix goes through `burn::tensor::module::attention`, which under
-/// autodiff materialises `[batch, heads, seq, seq]`: this is the baseline later ops replace.
+/// query heads. With [`AttentionKind::Burn`] the score matrix goes through
+/// `burn::tensor::module::attention`, which under autodiff materialises `[batch, heads, seq, seq]`
+/// (the baseline); [`AttentionKind::Flash`] never does.
 #[derive(Module, Debug)]
 pub struct CausalSelfAttention {
     query: Linear,
@@ -19,6 +22,8 @@ pub struct CausalSelfAttention {
     output: Linear,
     n_heads: usize,
     n_kv_heads: usize,
+    #[module(skip)]
+    kind: AttentionKind,
 }
 
 impl CausalSelfAttention {
@@ -33,6 +38,7 @@ impl CausalSelfAttention {
             output: linear(d, d),
             n_heads: config.n_heads,
             n_kv_heads: config.n_kv_heads,
+            kind: config.attention,
         }
     }
 
@@ -45,13 +51,23 @@ impl CausalSelfAttention {
         let q = rope.forward(heads(self.query.forward(x.clone()), self.n_heads));
         let k = rope.forward(heads(self.key.forward(x.clone()), self.n_kv_heads));
         let v = heads(self.value.forward(x), self.n_kv_heads);
-        let (k, v) = (self.repeat_kv(k), self.repeat_kv(v));
 
-        let options = AttentionModuleOptions {
-            is_causal: true,
-            ..Default::default()
+        let out = match self.kind {
+            AttentionKind::Burn => {
+                let options = AttentionModuleOptions {
+                    is_causal: true,
+                    ..Default::default()
+                };
+                attention(q, self.repeat_kv(k), self.repeat_kv(v), None, None, options)
+            }
+            AttentionKind::Flash => {
+                let options = FlashAttentionOptions {
+                    causal: true,
+                    ..Default::default()
+                };
+                flash_attention(q, k, v, None, options)
+            }
         };
-        let out = attention(q, k, v, None, None, options);
         self.output
             .forward(out.swap_dims(1, 2).reshape([batch, seq, d_model]))
     }

@@ -14,6 +14,17 @@ pub enum MlpKind {
     ReluSquared,
 }
 
+/// How each layer computes attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AttentionKind {
+    /// `burn::tensor::module::attention`: under autodiff it keeps `[batch, heads, seq, seq]`
+    /// scores and probabilities for the backward pass.
+    Burn,
+    /// `burn_memwall::ops::flash_attention`: saves the output and one log-sum-exp per row, and
+    /// reads grouped key/value heads without repeating them.
+    Flash,
+}
+
 /// A decoder-only transformer: token embedding, `n_layers` pre-norm blocks of causal
 /// grouped-query attention with rotary positions and an MLP, a final RMSNorm and the LM head.
 #[derive(Config, Debug, PartialEq)]
@@ -32,6 +43,9 @@ pub struct LmConfig {
     pub d_ff: usize,
     /// Longest sequence the model accepts (the rotary table's length).
     pub max_seq_len: usize,
+    /// Attention implementation (the weights are the same for both).
+    #[config(default = "AttentionKind::Burn")]
+    pub attention: AttentionKind,
     /// Feed-forward block.
     #[config(default = "MlpKind::SwiGlu")]
     pub mlp: MlpKind,
