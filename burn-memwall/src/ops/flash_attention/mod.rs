@@ -23,6 +23,7 @@ use burn::backend::{
     backend_extension,
 };
 use burn::prelude::*;
+use burn::tensor::{DType, FloatDType};
 
 /// What to attend to and how.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
@@ -139,6 +140,7 @@ impl FlashAttentionBackend for Flex {
         key_padding_mask: BoolTensor<Self>,
         options: FlashAttentionOptions,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let dtype = q.dtype();
         let (out, lse) = tiled::forward(
             float(q),
             float(k),
@@ -147,7 +149,7 @@ impl FlashAttentionBackend for Flex {
             options,
         )
         .unwrap_or_else(|error| panic!("{error}"));
-        (primitive(out), primitive(lse))
+        (primitive(out, dtype), primitive(lse, DType::F32))
     }
 
     fn flash_attention_backward(
@@ -160,6 +162,7 @@ impl FlashAttentionBackend for Flex {
         d_out: FloatTensor<Self>,
         options: FlashAttentionOptions,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let dtype = q.dtype();
         let (dq, dk, dv) = tiled::backward(
             float(q),
             float(k),
@@ -171,15 +174,21 @@ impl FlashAttentionBackend for Flex {
             options,
         )
         .unwrap_or_else(|error| panic!("{error}"));
-        (primitive(dq), primitive(dk), primitive(dv))
+        (
+            primitive(dq, dtype),
+            primitive(dk, dtype),
+            primitive(dv, dtype),
+        )
     }
 }
 
-/// A Flex primitive as a Burn tensor, so the tiled algorithm can run on it.
+/// A Flex primitive as an f32 Burn tensor, so the tiled algorithm can run on it. Like the
+/// kernels, which widen every element they load, Flex computes f16 and bf16 inputs in f32.
 fn float<const D: usize>(t: FloatTensor<Flex>) -> Tensor<D> {
-    Tensor::from_dispatch(
+    Tensor::<D>::from_dispatch(
         <DispatchTensor as DispatchKindConversion<Flex>>::from_backend(BackendTensor::Float(t)),
     )
+    .cast(FloatDType::F32)
 }
 
 fn bool(t: BoolTensor<Flex>) -> Tensor<2, Bool> {
@@ -188,9 +197,11 @@ fn bool(t: BoolTensor<Flex>) -> Tensor<2, Bool> {
     )
 }
 
-/// A Burn tensor back as the Flex primitive it was made from.
-fn primitive<const D: usize>(t: Tensor<D>) -> FloatTensor<Flex> {
-    match <DispatchTensor as DispatchKindConversion<Flex>>::try_into_backend(t.into_dispatch()) {
+/// A result of the tiled algorithm as a Flex primitive of `dtype`.
+fn primitive<const D: usize>(t: Tensor<D>, dtype: DType) -> FloatTensor<Flex> {
+    match <DispatchTensor as DispatchKindConversion<Flex>>::try_into_backend(
+        t.cast(dtype).into_dispatch(),
+    ) {
         Ok(BackendTensor::Float(t)) => t,
         Ok(_) => unreachable!("the tiled algorithm returns float tensors"),
         Err(error) => unreachable!("the tiled algorithm stays on its input's backend: {error}"),

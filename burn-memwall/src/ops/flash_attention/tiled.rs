@@ -3,6 +3,7 @@
 //! and never holds more than one `[batch, heads, TILE, TILE]` score tile per step.
 
 use burn::prelude::*;
+use burn::tensor::DType;
 
 use super::{FlashAttentionError, FlashAttentionOptions};
 
@@ -184,6 +185,8 @@ struct Plan {
     visibility: Visibility,
     key_padding_mask: Option<Tensor<2, Bool>>,
     device: Device,
+    /// q's dtype, for the accumulators (not the device's default, which may differ).
+    dtype: DType,
 }
 
 impl Plan {
@@ -201,6 +204,7 @@ impl Plan {
             visibility: Visibility::new(options, &dims),
             key_padding_mask,
             device: q.device(),
+            dtype: q.dtype(),
             dims,
         })
     }
@@ -272,16 +276,16 @@ pub(super) fn forward(
         d_v,
         ..
     } = plan.dims;
-    let device = &plan.device;
+    let like = (&plan.device, plan.dtype);
 
     let mut outputs = Vec::new();
     let mut lses = Vec::new();
     for queries in tiles(s_q) {
         let rows = queries.len();
         let q_tile = plan.rows(&q, &queries);
-        let mut max = Tensor::<4>::full([batch, heads, rows, 1], f32::NEG_INFINITY, device);
-        let mut sum = Tensor::<4>::zeros([batch, heads, rows, 1], device);
-        let mut acc = Tensor::<4>::zeros([batch, heads, rows, d_v], device);
+        let mut max = Tensor::<4>::full([batch, heads, rows, 1], f32::NEG_INFINITY, like);
+        let mut sum = Tensor::<4>::zeros([batch, heads, rows, 1], like);
+        let mut acc = Tensor::<4>::zeros([batch, heads, rows, d_v], like);
         for keys in tiles(s_k).filter(|keys| plan.visibility.any(&queries, keys)) {
             let scores = plan
                 .scores(q_tile.clone(), plan.keys(&k, &keys))
@@ -328,16 +332,16 @@ pub(super) fn backward(
         d_v,
         ..
     } = plan.dims;
-    let device = &plan.device;
+    let like = (&plan.device, plan.dtype);
     let row_dot = (d_out.clone() * out).sum_dim(3);
 
-    let mut dq = Tensor::<4>::zeros([batch, heads, s_q, d], device);
+    let mut dq = Tensor::<4>::zeros([batch, heads, s_q, d], like);
     let mut dk_tiles = Vec::new();
     let mut dv_tiles = Vec::new();
     for keys in tiles(s_k) {
         let (k_tile, v_tile) = (plan.keys(&k, &keys), plan.keys(&v, &keys));
-        let mut dk_tile = Tensor::<4>::zeros([batch, heads, keys.len(), d], device);
-        let mut dv_tile = Tensor::<4>::zeros([batch, heads, keys.len(), d_v], device);
+        let mut dk_tile = Tensor::<4>::zeros([batch, heads, keys.len(), d], like);
+        let mut dv_tile = Tensor::<4>::zeros([batch, heads, keys.len(), d_v], like);
         for queries in tiles(s_q).filter(|queries| plan.visibility.any(queries, &keys)) {
             let q_tile = plan.rows(&q, &queries);
             let do_tile = plan.rows(&d_out, &queries);
