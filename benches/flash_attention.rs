@@ -75,23 +75,36 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "device", "seq", "flash peak", "flash s", "burn peak", "burn s", "peak ×", "time ×"
     );
     for &seq in &args.seqs {
-        let pair: Vec<Row> = ["flash", "burn"]
-            .iter()
-            .map(|path| run_worker(path, seq))
-            .collect::<Result<_, _>>()?;
-        let (flash, burn) = (&pair[0], &pair[1]);
-        println!(
-            "{:<8} {:>6} {:>12} {:>10.3} {:>12} {:>10.3} {:>10.1} {:>10.2}",
-            flash.device,
-            seq,
-            human_bytes(flash.peak_bytes),
-            flash.median_s,
-            human_bytes(burn.peak_bytes),
-            burn.median_s,
-            burn.peak_bytes as f64 / flash.peak_bytes as f64,
-            flash.median_s / burn.median_s
-        );
-        rows.extend(pair);
+        let flash = run_worker("flash", seq);
+        let burn = run_worker("burn", seq);
+        match (&flash, &burn) {
+            (Ok(flash), Ok(burn)) => println!(
+                "{:<8} {:>6} {:>12} {:>10.3} {:>12} {:>10.3} {:>10.1} {:>10.2}",
+                flash.device,
+                seq,
+                human_bytes(flash.peak_bytes),
+                flash.median_s,
+                human_bytes(burn.peak_bytes),
+                burn.median_s,
+                burn.peak_bytes as f64 / flash.peak_bytes as f64,
+                flash.median_s / burn.median_s
+            ),
+            _ => {
+                for (path, result) in [("flash", &flash), ("burn", &burn)] {
+                    match result {
+                        Ok(row) => println!(
+                            "{:<8} {:>6} {path}: {} in {:.3} s",
+                            row.device,
+                            seq,
+                            human_bytes(row.peak_bytes),
+                            row.median_s
+                        ),
+                        Err(error) => println!("{:<8} {:>6} {path} does not run: {error}", "", seq),
+                    }
+                }
+            }
+        }
+        rows.extend([flash, burn].into_iter().flatten());
     }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&rows)? + "\n")?;
@@ -99,22 +112,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn run_worker(path: &str, seq: usize) -> Result<Row, Box<dyn std::error::Error>> {
-    let output = Command::new(std::env::current_exe()?)
-        .args(std::env::args().skip(1).filter(|a| a != "--bench"))
-        .args(["--worker", &format!("{path}:{seq}")])
-        .output()?;
+/// The row of `path` at `seq`, measured in a child process, or why it has none (its last line
+/// of error output).
+fn run_worker(path: &str, seq: usize) -> Result<Row, String> {
+    let output = std::env::current_exe()
+        .and_then(|exe| {
+            Command::new(exe)
+                .args(std::env::args().skip(1).filter(|a| a != "--bench"))
+                .args(["--worker", &format!("{path}:{seq}")])
+                .output()
+        })
+        .map_err(|error| error.to_string())?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     match stdout
         .lines()
         .find_map(|line| line.strip_prefix(ROW_PREFIX))
     {
-        Some(row) if output.status.success() => Ok(serde_json::from_str(row)?),
-        _ => Err(format!(
-            "{path} at seq {seq} failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        )
-        .into()),
+        Some(row) if output.status.success() => {
+            serde_json::from_str(row).map_err(|e| e.to_string())
+        }
+        _ => Err(String::from_utf8_lossy(&output.stderr)
+            .lines()
+            .rfind(|line| !line.trim().is_empty())
+            .unwrap_or("no output")
+            .to_owned()),
     }
 }
 
@@ -161,19 +182,40 @@ fn measure(args: &Args, path: &str, seq: usize) -> Result<Row, Box<dyn std::erro
         let grads = (attend(q.clone(), k.clone(), v.clone()) * d_out.clone())
             .sum()
             .backward();
-        assert!(q.grad(&grads).is_some(), "q is tracked");
+        q.grad(&grads).expect("q is tracked")
     };
     step(); // warm-up: what the runtime allocates once is not the op's
     let before = meter.live_bytes();
     let mut peak_bytes = 0;
     let mut times = Vec::new();
+    let mut dq = None;
     for _ in 0..args.repeats {
         meter.reset_peak();
         let started = Instant::now();
-        step();
+        dq = Some(step());
         device.sync()?; // reading one gradient does not wait for every kernel of the step
         times.push(started.elapsed().as_secs_f64());
         peak_bytes = peak_bytes.max(meter.peak_bytes().saturating_sub(before));
+    }
+    // wgpu reports work it could not run (a buffer past the adapter's binding limit) only when
+    // a result is read back: read one, and check it is a gradient.
+    let magnitude = dq
+        .expect("at least one timed run")
+        .abs()
+        .sum()
+        .try_into_scalar::<f64>()
+        .map_err(|error| {
+            let error = format!("{error:?}");
+            let error: Vec<&str> = error
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            let error: String = error.join(" ").chars().take(240).collect();
+            format!("the device failed the step: {error}…")
+        })?;
+    if !(magnitude.is_finite() && magnitude > 0.0) {
+        return Err(format!("the device returned no gradient (Σ|dq| = {magnitude})").into());
     }
     times.sort_by(f64::total_cmp);
     Ok(Row {
