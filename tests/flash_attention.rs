@@ -206,7 +206,7 @@ fn matches_the_reference_on_odd_shapes_with_every_option() {
         cases.push(Case::new(2, 2, 2, s, s, 32));
         cases.push(Case::new(1, 2, 2, s, s, 64).causal());
     }
-    for d in [32, 64, 80, 128] {
+    for d in [32, 64, 80, 128, 256] {
         cases.push(Case::new(1, 2, 1, 33, 70, d).causal());
     }
     cases.push(Case::new(2, 4, 2, 70, 33, 32)); // s_q > s_k, GQA
