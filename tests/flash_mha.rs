@@ -143,6 +143,32 @@ fn causal_input_hides_later_tokens() {
 }
 
 #[test]
+fn a_window_forgets_tokens_that_slid_out() {
+    let device = Device::flex();
+    let (seq, window) = (12, 4);
+    let flash = FlashMultiHeadAttention::new(&config(), &device).unwrap();
+    let x = Tensor::<3>::random([1, seq, D_MODEL], Distribution::Normal(0.0, 1.0), &device);
+    let changed = x.clone().slice_assign(
+        [0..1, 0..1, 0..D_MODEL],
+        Tensor::random([1, 1, D_MODEL], Distribution::Normal(0.0, 1.0), &device),
+    );
+    let rows = |x: Tensor<3>, range: std::ops::Range<usize>| {
+        flash
+            .forward(FlashMhaInput::self_attn(x).window(window))
+            .slice([0..1, range, 0..D_MODEL])
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap()
+    };
+    // Token 0 is inside the window of queries 0..window and outside it afterwards.
+    assert_eq!(
+        rows(x.clone(), window..seq),
+        rows(changed.clone(), window..seq)
+    );
+    assert_ne!(rows(x, 0..window), rows(changed, 0..window));
+}
+
+#[test]
 fn refuses_what_it_cannot_compute() {
     let device = Device::flex();
     let with_dropout = MultiHeadAttentionConfig::new(D_MODEL, HEADS).init(&device);
