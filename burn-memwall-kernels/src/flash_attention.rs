@@ -370,15 +370,15 @@ pub fn flash_attention_query_grad_kernel<F: Float>(
 
     let q_rows = load_rows(q, &tile, batch, head, d, rows);
     let d_out_rows = load_rows(d_out, &tile, batch, head, d_v, rows);
-    let out_rows = load_rows(out, &tile, batch, head, d_v, rows);
     let mut row_delta = Array::<f32>::new(rows);
     let mut row_lse = Array::<f32>::new(rows);
     #[unroll]
     for r in 0..rows {
+        let (out_at, stride) = (row_at(out, batch, head, unit_row(&tile, r)), out.stride(3));
         let mut sum = 0.0f32;
         #[unroll]
         for c in 0..d_v {
-            sum += d_out_rows[r * d_v + c] * out_rows[r * d_v + c];
+            sum += d_out_rows[r * d_v + c] * f32::cast_from(out[out_at + c * stride]);
         }
         row_delta[r] = sum;
         row_lse[r] = lse[tile.pair * tile.len + unit_row(&tile, r)];
@@ -452,6 +452,11 @@ pub fn flash_attention_key_grad_kernel<F: Float>(
     let v_rows = load_rows(v, &tile, batch, kv_head, d_v, rows);
     let mut dk_acc = filled(0.0f32, rows * d);
     let mut dv_acc = filled(0.0f32, rows * d_v);
+    let mut padding = Array::<f32>::new(rows);
+    #[unroll]
+    for r in 0..rows {
+        padding[r] = hidden[batch * s_k + unit_row(&tile, r)];
+    }
     let mut p = Array::<f32>::new(rows);
     let mut ds = Array::<f32>::new(rows);
     let queries_first = first_query(tile.first, offset, causal);
@@ -468,10 +473,8 @@ pub fn flash_attention_key_grad_kernel<F: Float>(
             dots(&v_rows, d_out, d_out_at, &mut ds, d_v, rows);
             #[unroll]
             for r in 0..rows {
-                let j = unit_row(&tile, r);
-                let visible = hidden[batch * s_k + j] == 0.0f32
-                    && i >= first_query(j, offset, causal)
-                    && i < end_query(j, s_q, offset, window);
+                let visible = padding[r] == 0.0f32
+                    && sees(i, unit_row(&tile, r), s_k, offset, window, causal);
                 let s = score(p[r], scale, softcap, softcapped);
                 p[r] = select(visible, (s - lse[query]).exp(), 0.0f32);
                 ds[r] = p[r] * (ds[r] - delta[query]) * score_slope(s, softcap, softcapped);
