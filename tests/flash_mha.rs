@@ -15,6 +15,11 @@ fn config() -> MultiHeadAttentionConfig {
     MultiHeadAttentionConfig::new(D_MODEL, HEADS).with_dropout(0.0)
 }
 
+/// A tensor's values on the host.
+fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().try_into_vec_as::<f32>().unwrap()
+}
+
 /// Every gradient of `sum(context ∘ d_out)` as host vectors: input first, then the linears'
 /// weights and biases in a fixed order.
 fn gradients(
@@ -24,12 +29,11 @@ fn gradients(
     linears: [&burn::nn::Linear; 4],
 ) -> Vec<Vec<f32>> {
     let grads = (context * d_out).sum().backward();
-    let host = |t: Tensor<2>| t.into_data().to_vec::<f32>().unwrap();
-    let mut all = vec![x.grad(&grads).unwrap().into_data().to_vec::<f32>().unwrap()];
+    let mut all = vec![host(x.grad(&grads).unwrap())];
     for linear in linears {
         all.push(host(linear.weight.val().grad(&grads).unwrap()));
         let bias = linear.bias.as_ref().unwrap().val().grad(&grads).unwrap();
-        all.push(bias.into_data().to_vec::<f32>().unwrap());
+        all.push(host(bias));
     }
     all
 }
@@ -77,8 +81,7 @@ fn check(device: &Device, padded: bool) {
     }
     let want = burn_mha.forward(input).context;
     let got = flash.forward(flash_input);
-    let host = |t: &Tensor<3>| t.clone().into_data().to_vec::<f32>().unwrap();
-    assert_close("context", &host(&got), &host(&want));
+    assert_close("context", &host(got.clone()), &host(want.clone()));
 
     let want = gradients(
         want,
@@ -122,12 +125,11 @@ fn causal_input_hides_later_tokens() {
         Tensor::random([1, 1, D_MODEL], Distribution::Normal(0.0, 1.0), &device),
     );
     let prefix = |x: Tensor<3>| {
-        flash
-            .forward(FlashMhaInput::self_attn(x).causal())
-            .slice([0..1, 0..8, 0..D_MODEL])
-            .into_data()
-            .to_vec::<f32>()
-            .unwrap()
+        host(
+            flash
+                .forward(FlashMhaInput::self_attn(x).causal())
+                .slice([0..1, 0..8, 0..D_MODEL]),
+        )
     };
     assert_eq!(
         prefix(x.clone()),
@@ -153,12 +155,11 @@ fn a_window_forgets_tokens_that_slid_out() {
         Tensor::random([1, 1, D_MODEL], Distribution::Normal(0.0, 1.0), &device),
     );
     let rows = |x: Tensor<3>, range: std::ops::Range<usize>| {
-        flash
-            .forward(FlashMhaInput::self_attn(x).window(window))
-            .slice([0..1, range, 0..D_MODEL])
-            .into_data()
-            .to_vec::<f32>()
-            .unwrap()
+        host(
+            flash
+                .forward(FlashMhaInput::self_attn(x).window(window))
+                .slice([0..1, range, 0..D_MODEL]),
+        )
     };
     // Token 0 is inside the window of queries 0..window and outside it afterwards.
     assert_eq!(

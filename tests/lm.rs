@@ -78,7 +78,8 @@ impl ModuleVisitor for CollectGrads<'_> {
             .val()
             .grad(self.grads)
             .expect("every parameter is used");
-        self.out.push(grad.into_data().to_vec::<f32>().unwrap());
+        self.out
+            .push(grad.into_data().try_into_vec_as::<f32>().unwrap());
     }
 }
 
