@@ -98,25 +98,6 @@ fn random(shape: [usize; 4], device: &Device) -> Tensor<4> {
     Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), device)
 }
 
-/// `|got − want| ≤ tol · |want| + tol / 10 · max(max |want|, 1)` elementwise (f32: tol = 1e-4):
-/// relative, with an absolute floor for entries that are near zero only through cancellation
-/// (inputs are N(0, 1), so 1 is their scale; dq with one key is zero in theory and comes out as
-/// the f32 rounding of `dO·v − dO·o`, a difference of two length-d dot products).
-fn assert_close(what: &str, case: &Case, tol: f64, got: Tensor<4>, want: Tensor<4>) {
-    let got = got.into_data().try_into_vec_as::<f64>().unwrap();
-    let want = want.into_data().try_into_vec_as::<f64>().unwrap();
-    assert_eq!(got.len(), want.len());
-    let largest = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
-    for (index, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert!(g.is_finite(), "{what}[{index}] = {g} for {case:?}");
-        let bound = tol * w.abs() + tol / 10.0 * largest.max(1.0);
-        assert!(
-            (g - w).abs() <= bound,
-            "{what}[{index}]: {g} vs reference {w} (bound {bound:e}) for {case:?}"
-        );
-    }
-}
-
 /// Runs the op on `device` in `dtype` and the f64 reference on Flex, from the same random inputs
 /// (rounded to `dtype` first), with relative tolerance `tol`.
 fn check(case: &Case, device: &Device, dtype: DType, tol: f64) {
@@ -156,51 +137,39 @@ fn check(case: &Case, device: &Device, dtype: DType, tol: f64) {
         * Tensor::from_data(d_out.to_data(), (&reference_device, DType::F64)))
     .sum()
     .backward();
-    let host_f64 =
-        |t: Tensor<4>| Tensor::<4>::from_data(t.into_data().convert::<f64>(), (&host, DType::F64));
-
-    assert_close(
+    common::assert_close(
         "out",
         case,
         tol,
-        host_f64(out.inner()),
-        host_f64(want.inner()),
+        out.inner().into_data(),
+        want.inner().into_data(),
     );
-    assert_close(
+    common::assert_close(
         "dq",
         case,
         tol,
-        host_f64(dq),
-        host_f64(rq.grad(&grads).unwrap()),
+        dq.into_data(),
+        rq.grad(&grads).unwrap().into_data(),
     );
-    assert_close(
+    common::assert_close(
         "dk",
         case,
         tol,
-        host_f64(dk),
-        host_f64(rk.grad(&grads).unwrap()),
+        dk.into_data(),
+        rk.grad(&grads).unwrap().into_data(),
     );
-    assert_close(
+    common::assert_close(
         "dv",
         case,
         tol,
-        host_f64(dv),
-        host_f64(rv.grad(&grads).unwrap()),
+        dv.into_data(),
+        rv.grad(&grads).unwrap().into_data(),
     );
-}
-
-fn seed_from_clock(device: &Device) {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    eprintln!("seed {seed}");
-    device.seed(seed);
 }
 
 #[test]
 fn matches_the_reference_on_odd_shapes_with_every_option() {
-    seed_from_clock(&Device::flex());
+    common::seed_from_clock(&Device::flex());
     let mut cases = Vec::new();
     for s in [1, 7, 65, 257] {
         cases.push(Case::new(2, 2, 2, s, s, 32));
@@ -236,7 +205,7 @@ fn matches_the_reference_on_odd_shapes_with_every_option() {
 /// the last place of the storage type, not of the accumulation.
 #[test]
 fn half_precision_inputs_keep_their_dtype_and_accuracy() {
-    seed_from_clock(&Device::flex());
+    common::seed_from_clock(&Device::flex());
     let mut case = Case::new(2, 4, 2, 45, 70, 64).causal();
     case.padded_keys = Some(vec![0, 9]);
     let mut checked = 0;

@@ -28,6 +28,8 @@
 
 use cubecl::prelude::*;
 
+use crate::softcap::{soft_cap, soft_cap_slope};
+
 /// The log-sum-exp written for a query that sees no key. Such a row outputs zeros and its
 /// log-sum-exp is never read back; a finite value keeps WGSL, which rejects an infinite
 /// literal, happy.
@@ -248,27 +250,6 @@ fn add_outer<F: Float>(
     }
 }
 
-/// The score of a raw dot product: scaled, then soft-capped as `softcap · tanh(s / softcap)`.
-#[cube]
-fn score(dot: f32, scale: f32, softcap: f32, #[comptime] softcapped: bool) -> f32 {
-    let mut s = dot * scale;
-    if softcapped {
-        s = softcap * (s / softcap).tanh();
-    }
-    s
-}
-
-/// `∂score/∂(scaled dot)`: 1, or `1 − tanh²` under soft-capping.
-#[cube]
-fn score_slope(score: f32, softcap: f32, #[comptime] softcapped: bool) -> f32 {
-    let mut slope = 1.0f32;
-    if softcapped {
-        let t = score / softcap;
-        slope = 1.0f32 - t * t;
-    }
-    slope
-}
-
 /// Output rows and log-sum-exps of query rows. Sequence: `s_q`; pairs: `batch · heads`.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
@@ -306,7 +287,7 @@ pub fn flash_attention_forward_kernel<F: Float>(
         #[unroll]
         for r in 0..rows {
             let visible = key_shown && sees(unit_row(&tile, r), j, s_k, offset, window, causal);
-            let s = score(p[r], scale, softcap, softcapped);
+            let s = soft_cap(p[r] * scale, softcap, softcapped);
             if visible && s > max[r] {
                 let correction = (max[r] - s).exp();
                 sum[r] *= correction;
@@ -402,9 +383,9 @@ pub fn flash_attention_query_grad_kernel<F: Float>(
         #[unroll]
         for r in 0..rows {
             let visible = key_shown && sees(unit_row(&tile, r), j, s_k, offset, window, causal);
-            let s = score(ds[r], scale, softcap, softcapped);
+            let s = soft_cap(ds[r] * scale, softcap, softcapped);
             let p = select(visible, (s - row_lse[r]).exp(), 0.0f32);
-            ds[r] = p * (dp[r] - row_delta[r]) * score_slope(s, softcap, softcapped);
+            ds[r] = p * (dp[r] - row_delta[r]) * soft_cap_slope(s, softcap, softcapped);
         }
         add_outer(&mut dq_acc, &ds, k, k_at, d, rows);
     }
@@ -475,9 +456,9 @@ pub fn flash_attention_key_grad_kernel<F: Float>(
             for r in 0..rows {
                 let visible = padding[r] == 0.0f32
                     && sees(i, unit_row(&tile, r), s_k, offset, window, causal);
-                let s = score(p[r], scale, softcap, softcapped);
+                let s = soft_cap(p[r] * scale, softcap, softcapped);
                 p[r] = select(visible, (s - lse[query]).exp(), 0.0f32);
-                ds[r] = p[r] * (ds[r] - delta[query]) * score_slope(s, softcap, softcapped);
+                ds[r] = p[r] * (ds[r] - delta[query]) * soft_cap_slope(s, softcap, softcapped);
             }
             add_outer(&mut dv_acc, &p, d_out, d_out_at, d_v, rows);
             add_outer(&mut dk_acc, &ds, q, q_at, d, rows);

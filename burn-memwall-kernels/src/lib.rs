@@ -5,6 +5,9 @@
 //! `burn-memwall/src/ops/` allocate the outputs, size the launch from the runtime's limits and
 //! wrap the kernels as custom Burn operations with handwritten backward passes.
 //!
-//! - [`flash_attention`]: forward with log-sum-exp, and the FlashAttention-2 backward.
+//! - [`flash_attention`]: forward with log-sum-exp, and the FlashAttention-2 backward;
+//! - [`cross_entropy`]: loss, log-sum-exp and gradient of rows of LM-head logits.
 
+pub mod cross_entropy;
 pub mod flash_attention;
+mod softcap;

@@ -31,3 +31,37 @@ pub fn tinyshakespeare() -> Option<String> {
 pub fn temp_dir() -> tempfile::TempDir {
     tempfile::tempdir().expect("a temporary folder")
 }
+
+/// `|got − want| ≤ tol · |want| + tol / 10 · max(max |want|, 1)` elementwise: relative, with an
+/// absolute floor for entries that are near zero only through cancellation (test inputs have
+/// scale 1). `context` names the case in the failure message.
+pub fn assert_close(
+    what: &str,
+    context: &dyn std::fmt::Debug,
+    tol: f64,
+    got: TensorData,
+    want: TensorData,
+) {
+    let got = got.try_into_vec_as::<f64>().unwrap();
+    let want = want.try_into_vec_as::<f64>().unwrap();
+    assert_eq!(got.len(), want.len(), "{what} for {context:?}");
+    let largest = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
+    for (index, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(g.is_finite(), "{what}[{index}] = {g} for {context:?}");
+        let bound = tol * w.abs() + tol / 10.0 * largest.max(1.0);
+        assert!(
+            (g - w).abs() <= bound,
+            "{what}[{index}]: {g} vs reference {w} (bound {bound:e}) for {context:?}"
+        );
+    }
+}
+
+/// Seeds `device` from the clock and prints the seed, so that a failure can be replayed.
+pub fn seed_from_clock(device: &Device) {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("seed {seed}");
+    device.seed(seed);
+}

@@ -1,4 +1,6 @@
-//! Custom ops: one file per op (its algorithm, and later its backend extension, kernels wiring
-//! and handwritten backward).
+//! Custom ops: one folder per op (its public function, its backend extension, the Flex path,
+//! the wiring of its CubeCL kernels and its handwritten backward).
 
 pub mod flash_attention;
+mod flex;
+pub mod fused_linear_cross_entropy;

@@ -18,12 +18,11 @@ mod cube;
 mod tiled;
 
 use burn::backend::tensor::{BoolTensor, FloatTensor};
-use burn::backend::{
-    Backend, BackendTensor, Dispatch, DispatchKindConversion, DispatchTensor, Flex,
-    backend_extension,
-};
+use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
-use burn::tensor::{DType, FloatDType};
+use burn::tensor::DType;
+
+use super::flex::{bool, float, primitive};
 
 /// What to attend to and how.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
@@ -179,31 +178,5 @@ impl FlashAttentionBackend for Flex {
             primitive(dk, dtype),
             primitive(dv, dtype),
         )
-    }
-}
-
-/// A Flex primitive as an f32 Burn tensor, so the tiled algorithm can run on it. Like the
-/// kernels, which widen every element they load, Flex computes f16 and bf16 inputs in f32.
-fn float<const D: usize>(t: FloatTensor<Flex>) -> Tensor<D> {
-    Tensor::<D>::from_dispatch(
-        <DispatchTensor as DispatchKindConversion<Flex>>::from_backend(BackendTensor::Float(t)),
-    )
-    .cast(FloatDType::F32)
-}
-
-fn bool(t: BoolTensor<Flex>) -> Tensor<2, Bool> {
-    Tensor::from_dispatch(
-        <DispatchTensor as DispatchKindConversion<Flex>>::from_backend(BackendTensor::Bool(t)),
-    )
-}
-
-/// A result of the tiled algorithm as a Flex primitive of `dtype`.
-fn primitive<const D: usize>(t: Tensor<D>, dtype: DType) -> FloatTensor<Flex> {
-    match <DispatchTensor as DispatchKindConversion<Flex>>::try_into_backend(
-        t.cast(dtype).into_dispatch(),
-    ) {
-        Ok(BackendTensor::Float(t)) => t,
-        Ok(_) => unreachable!("the tiled algorithm returns float tensors"),
-        Err(error) => unreachable!("the tiled algorithm stays on its input's backend: {error}"),
     }
 }

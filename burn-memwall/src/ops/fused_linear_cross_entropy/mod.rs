@@ -1,0 +1,347 @@
+//! Fused linear + cross-entropy: the loss of an LM head without its `[tokens, vocab]` logits.
+//!
+//! The op walks the tokens in chunks. For each chunk it computes the chunk's logits
+//! `[chunk, vocab]` with one matmul, reduces each row to its loss and log-sum-exp, and turns the
+//! logits into their gradient in place; two more matmuls add the chunk's share of `d_hidden` and
+//! `d_weight`. Only one chunk of logits is alive at a time, and the chunk is sized so that
+//! `chunk × vocab` stays within a fixed budget: the peak grows with `vocab × d` (the weight and
+//! its gradient) and with the number of tokens only through `[tokens, d]` tensors, never through
+//! `tokens × vocab`.
+//!
+//! By default the gradients are computed during the forward pass, as Liger-Kernel does (three
+//! matmuls per chunk), and the backward pass only scales them by the upstream gradient. The
+//! alternative, Cut Cross-Entropy's, saves one log-sum-exp per token and recomputes the logits
+//! in the backward pass (four matmuls). Both hold the same tensors when the backward pass
+//! begins, so they have the same peak; the first is faster (docs/BENCHMARKS.md). A loss with
+//! `Reduction::None` needs a gradient per token from upstream and therefore always recomputes.
+//!
+//! - `chunked.rs`: the chunk loop on any backend's primitives (matmuls are the backend's own);
+//! - `rows.rs`: loss, log-sum-exp and gradient of rows of logits on Burn tensors (the Flex path,
+//!   and the reference the kernels are checked against);
+//! - `cube.rs`: the same rows as CubeCL kernels (every Cube runtime);
+//! - `autodiff.rs`: the handwritten backward wired into Burn's autodiff.
+
+mod autodiff;
+mod chunked;
+#[cfg(feature = "cube")]
+mod cube;
+mod rows;
+
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{Backend, Dispatch, Flex, backend_extension};
+use burn::prelude::*;
+use burn::tensor::DType;
+
+use super::flex::{float, int, primitive};
+
+/// Logits per chunk (`chunk × vocab`) when [`FusedCrossEntropyOptions::chunk_size`] is `None`:
+/// 32 MiB of f32, small beside the weight of any real LM head and large enough for the matmuls
+/// to run near full speed.
+pub const DEFAULT_CHUNK_LOGITS: usize = 1 << 23;
+
+/// The most tokens in one chunk: one cube per token row, within every runtime's grid.
+const MAX_CHUNK_TOKENS: usize = 65535;
+
+/// How the per-token losses become the output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Reduction {
+    /// Mean over the tokens that are not ignored: shape `[1]` (0 when every token is ignored).
+    #[default]
+    Mean,
+    /// Sum over the tokens that are not ignored: shape `[1]`.
+    Sum,
+    /// One loss per token, 0 for ignored tokens: shape `[tokens]`.
+    None,
+}
+
+/// When the gradients of a reduced loss are computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum GradientPass {
+    /// During the forward pass, from the logits already at hand (Liger-Kernel): three matmuls
+    /// per chunk. The gradients wait, `[tokens, d] + [vocab, d]`, for the backward pass.
+    #[default]
+    DuringForward,
+    /// In the backward pass, recomputing the logits from one saved log-sum-exp per token (Cut
+    /// Cross-Entropy): four matmuls per chunk. Nothing is computed for inputs that need no
+    /// gradient (a frozen head), and nothing at all if the backward pass never runs.
+    Recompute,
+}
+
+/// What the loss is and how it is computed. The defaults are plain mean cross-entropy.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct FusedCrossEntropyOptions {
+    /// Tokens with this target add nothing to the loss or the gradients, and cost no compute.
+    pub ignore_index: Option<usize>,
+    pub reduction: Reduction,
+    /// `ε`: the target distribution is `(1 − ε)·one_hot + ε / vocab` (as Burn's and PyTorch's).
+    pub label_smoothing: f64,
+    /// `λ` of the z-loss `λ·lse²` added per token (PaLM), which keeps the log-partition near 0.
+    pub z_loss: f64,
+    /// Logit soft-capping `c · tanh(z / c)` (Gemma 2), applied before the softmax.
+    pub softcap: Option<f64>,
+    /// Tokens per chunk; `None` picks `DEFAULT_CHUNK_LOGITS / vocab`.
+    pub chunk_size: Option<usize>,
+    pub gradients: GradientPass,
+}
+
+/// The loss terms of one row of logits, as the row primitives of
+/// [`FusedLinearCrossEntropyBackend`] take them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowLoss {
+    pub label_smoothing: f32,
+    pub z_loss: f32,
+    pub softcap: Option<f32>,
+}
+
+/// Everything the backend op needs besides its tensors; built by
+/// [`try_fused_linear_cross_entropy`] from the options and the targets.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LossPlan {
+    pub row_loss: RowLoss,
+    pub reduction: Reduction,
+    pub gradients: GradientPass,
+    /// Tokens in, and tokens that are not ignored (`kept ≤ tokens`).
+    pub tokens: usize,
+    pub kept: usize,
+    /// Tokens per chunk.
+    pub chunk: usize,
+    /// Whether the op's `bias` is real or a placeholder (an optional tensor cannot cross the
+    /// backend-extension boundary).
+    pub has_bias: bool,
+}
+
+/// Inputs that cannot make a loss, with what is wrong.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("fused linear cross-entropy: {0}")]
+pub struct FusedCrossEntropyError(String);
+
+/// Mean (or summed, or per-token) cross-entropy of `hidden · weightᵀ + bias` against `targets`,
+/// computed chunk by chunk without materialising the logits. `hidden` is `[tokens, d]`,
+/// `weight` `[vocab, d]` (a `Linear`'s weight transposed, or a tied embedding table), `bias`
+/// `[vocab]` and `targets` `[tokens]`. Differentiable in `hidden`, `weight` and `bias`.
+///
+/// Reads the targets back to the host once (a device sync) to check them and to drop ignored
+/// tokens before any compute. When every token is ignored the loss is 0 and every gradient is
+/// zero, never NaN.
+pub fn try_fused_linear_cross_entropy(
+    hidden: Tensor<2>,
+    weight: Tensor<2>,
+    bias: Option<Tensor<1>>,
+    targets: Tensor<1, Int>,
+    options: FusedCrossEntropyOptions,
+) -> Result<Tensor<1>, FusedCrossEntropyError> {
+    let fail = |message: String| Err(FusedCrossEntropyError(message));
+    let ([tokens, d], [vocab, d_weight]) = (hidden.dims(), weight.dims());
+    if d != d_weight {
+        return fail(format!(
+            "hidden {:?} and weight {:?} must share their last dimension (weight is [vocab, d])",
+            hidden.dims(),
+            weight.dims()
+        ));
+    }
+    if let Some(bias) = &bias
+        && bias.dims() != [vocab]
+    {
+        return fail(format!(
+            "bias {:?} must be [vocab] = [{vocab}]",
+            bias.dims()
+        ));
+    }
+    if targets.dims() != [tokens] {
+        return fail(format!(
+            "targets {:?} must be [tokens] = [{tokens}] (hidden is {:?})",
+            targets.dims(),
+            hidden.dims()
+        ));
+    }
+    if tokens == 0 || vocab == 0 {
+        return fail(format!(
+            "no tokens or no vocabulary (hidden {:?}, weight {:?})",
+            hidden.dims(),
+            weight.dims()
+        ));
+    }
+    let row_loss = row_loss(&options)?;
+    let chunk = match options.chunk_size {
+        Some(0) => return fail("chunk_size must be at least 1".into()),
+        Some(chunk) => chunk,
+        None => DEFAULT_CHUNK_LOGITS / vocab,
+    }
+    .clamp(1, MAX_CHUNK_TOKENS);
+
+    let (rows, kept_targets) = kept_rows(&targets, vocab, options.ignore_index)?;
+    let kept = rows.len();
+    let device = hidden.device();
+    // An empty index tensor is not something every runtime can allocate; the op reads `kept`.
+    let upload = |values: Vec<i64>| {
+        let values = if values.is_empty() { vec![0] } else { values };
+        let len = values.len();
+        Tensor::<1, Int>::from_data(TensorData::new(values, [len]), &device)
+    };
+    let plan = LossPlan {
+        row_loss,
+        reduction: options.reduction,
+        gradients: match options.reduction {
+            Reduction::None => GradientPass::Recompute,
+            _ => options.gradients,
+        },
+        tokens,
+        kept,
+        chunk,
+        has_bias: bias.is_some(),
+    };
+    let bias = bias.unwrap_or_else(|| Tensor::zeros([1], &device));
+    Ok(Tensor::from_dispatch(Dispatch::fused_linear_cross_entropy(
+        hidden.into_dispatch(),
+        weight.into_dispatch(),
+        bias.into_dispatch(),
+        upload(rows).into_dispatch(),
+        upload(kept_targets).into_dispatch(),
+        plan,
+    )))
+}
+
+/// [`try_fused_linear_cross_entropy`] that panics, naming what is wrong, on inputs that cannot
+/// make a loss.
+pub fn fused_linear_cross_entropy(
+    hidden: Tensor<2>,
+    weight: Tensor<2>,
+    bias: Option<Tensor<1>>,
+    targets: Tensor<1, Int>,
+    options: FusedCrossEntropyOptions,
+) -> Tensor<1> {
+    try_fused_linear_cross_entropy(hidden, weight, bias, targets, options)
+        .unwrap_or_else(|error| panic!("{error}"))
+}
+
+fn row_loss(options: &FusedCrossEntropyOptions) -> Result<RowLoss, FusedCrossEntropyError> {
+    let fail = |message: String| Err(FusedCrossEntropyError(message));
+    if !(0.0..=1.0).contains(&options.label_smoothing) {
+        return fail(format!(
+            "label_smoothing {} is not in [0, 1]",
+            options.label_smoothing
+        ));
+    }
+    if !(options.z_loss >= 0.0 && options.z_loss.is_finite()) {
+        return fail(format!("z_loss {} must be finite and ≥ 0", options.z_loss));
+    }
+    if let Some(cap) = options.softcap
+        && !(cap > 0.0 && cap.is_finite())
+    {
+        return fail(format!("softcap {cap} must be finite and > 0"));
+    }
+    Ok(RowLoss {
+        label_smoothing: options.label_smoothing as f32,
+        z_loss: options.z_loss as f32,
+        softcap: options.softcap.map(|cap| cap as f32),
+    })
+}
+
+/// The rows whose target is not `ignore_index`, and their targets, after checking every target
+/// against the vocabulary.
+fn kept_rows(
+    targets: &Tensor<1, Int>,
+    vocab: usize,
+    ignore_index: Option<usize>,
+) -> Result<(Vec<i64>, Vec<i64>), FusedCrossEntropyError> {
+    let ignored = ignore_index.map(|i| i as i64);
+    let mut rows = Vec::new();
+    let mut kept = Vec::new();
+    let data = targets.to_data().convert::<i64>();
+    for (row, &target) in data
+        .as_slice::<i64>()
+        .expect("converted to i64")
+        .iter()
+        .enumerate()
+    {
+        if Some(target) == ignored {
+            continue;
+        }
+        if !(0..vocab as i64).contains(&target) {
+            return Err(FusedCrossEntropyError(format!(
+                "target {target} of token {row} is outside [0, {vocab}){}",
+                ignore_index.map_or(String::new(), |i| format!(" and is not ignore_index {i}"))
+            )));
+        }
+        rows.push(row as i64);
+        kept.push(target);
+    }
+    Ok((rows, kept))
+}
+
+/// The backend extension behind [`fused_linear_cross_entropy`]. The op itself is the chunk loop
+/// of `chunked.rs` on any backend's own matmuls; each backend brings the two row primitives
+/// (Flex on Burn tensors in `rows.rs`, Cube as kernels in `cube.rs`), and Autodiff the
+/// handwritten backward.
+#[backend_extension(Flex, Cube: cfg(feature = "cube"), Autodiff, Fusion: cfg(feature = "cube"))]
+pub trait FusedLinearCrossEntropyBackend: Backend {
+    /// The loss of the `plan.kept` tokens `rows` of `hidden` `[tokens, d]` against `targets`
+    /// (`[max(kept, 1)]` each): `[1]`, or `[tokens]` for `Reduction::None`. `bias` is read only
+    /// when `plan.has_bias`.
+    #[fusion(default)]
+    fn fused_linear_cross_entropy(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        rows: IntTensor<Self>,
+        targets: IntTensor<Self>,
+        plan: LossPlan,
+    ) -> FloatTensor<Self> {
+        let inputs = chunked::Inputs {
+            hidden,
+            weight,
+            bias: plan.has_bias.then_some(bias),
+            rows,
+            targets,
+        };
+        chunked::loss::<Self>(&inputs, &plan).0
+    }
+
+    /// Loss `[rows]` and log-sum-exp `[rows]` (f32) of each row of `logits` `[rows, vocab]`.
+    #[fusion(meta = cube::rows_forward_spec)]
+    fn cross_entropy_rows_forward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        row_loss: RowLoss,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// `∂loss/∂logits` `[rows, vocab]` (in `logits`' dtype, reusing its memory when it can),
+    /// each row scaled by `d_loss` `[rows]` (f32).
+    #[fusion(meta = cube::rows_backward_spec)]
+    fn cross_entropy_rows_backward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_loss: FloatTensor<Self>,
+        row_loss: RowLoss,
+    ) -> FloatTensor<Self>;
+}
+
+impl FusedLinearCrossEntropyBackend for Flex {
+    fn cross_entropy_rows_forward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        row_loss: RowLoss,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (loss, lse) = rows::forward(float(logits), int(targets), &row_loss);
+        (primitive(loss, DType::F32), primitive(lse, DType::F32))
+    }
+
+    fn cross_entropy_rows_backward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_loss: FloatTensor<Self>,
+        row_loss: RowLoss,
+    ) -> FloatTensor<Self> {
+        let dtype = logits.dtype();
+        let grad = rows::backward(
+            float(logits),
+            int(targets),
+            float(lse),
+            float(d_loss),
+            &row_loss,
+        );
+        primitive(grad, dtype)
+    }
+}
