@@ -1,0 +1,187 @@
+//! Forward + backward of the fused linear + cross-entropy beside Burn's path (the logits
+//! `hidden · weightᵀ`, as `Linear` computes them, then `CrossEntropyLoss`), in one run: peak
+//! bytes above the inputs and median time, per (vocab, tokens).
+//!
+//! ```text
+//! cargo bench --bench fused_linear_cross_entropy -- [--device flex|wgpu] [--vocabs 32000,50257,128256]
+//!     [--tokens 1024,4096,8192] [--d 512] [--paths fused,recompute,burn] [--repeats 3] [--json out.json]
+//! ```
+//!
+//! Paths: `fused` (gradients during the forward pass, the default), `recompute` (gradients
+//! recomputed in the backward pass from a saved log-sum-exp) and `burn`. Each (path, vocab,
+//! tokens) runs in its own child process.
+
+mod common;
+
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn_memwall::DeviceChoice;
+use burn_memwall::device::describe;
+use burn_memwall::memory::{CountingAllocator, human_bytes};
+use burn_memwall::ops::fused_linear_cross_entropy::{
+    FusedCrossEntropyOptions, GradientPass, fused_linear_cross_entropy,
+};
+use clap::Parser;
+use serde::{Deserialize, Serialize};
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+#[derive(Parser, Debug)]
+struct Args {
+    #[arg(long, env = "BURN_DEVICE", default_value = "flex")]
+    device: String,
+    #[arg(long, value_delimiter = ',', default_value = "32000,50257,128256")]
+    vocabs: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096,8192")]
+    tokens: Vec<usize>,
+    #[arg(long, default_value_t = 512)]
+    d: usize,
+    #[arg(long, value_delimiter = ',', default_value = "fused,burn")]
+    paths: Vec<String>,
+    /// Timed repeats after one warm-up; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Internal: measure one `path:vocab:tokens` in this process.
+    #[arg(long, hide = true)]
+    worker: Option<String>,
+    /// cargo bench passes this through.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+struct Row {
+    path: String,
+    device: String,
+    vocab: usize,
+    tokens: usize,
+    d: usize,
+    peak_bytes: u64,
+    median_s: f64,
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    if let Some(job) = &args.worker {
+        let mut parts = job.split(':');
+        let (Some(path), Some(vocab), Some(tokens)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err("worker job is path:vocab:tokens".into());
+        };
+        common::report(&measure(&args, path, vocab.parse()?, tokens.parse()?)?)?;
+        return Ok(());
+    }
+    println!(
+        "{:<14} {:>7} {:>7} {:<10} {:>12} {:>10} {:>14} {:>10}",
+        "device", "vocab", "tokens", "path", "peak", "median s", "burn peak ÷", "÷ burn s"
+    );
+    let mut rows = Vec::new();
+    for &vocab in &args.vocabs {
+        for &tokens in &args.tokens {
+            let measured: Vec<(&String, Result<Row, String>)> = args
+                .paths
+                .iter()
+                .map(|path| {
+                    let row = common::run_worker::<Row>(&format!("{path}:{vocab}:{tokens}"));
+                    (path, row)
+                })
+                .collect();
+            let burn = measured
+                .iter()
+                .find_map(|(path, row)| row.as_ref().ok().filter(|_| *path == "burn"));
+            for (path, row) in &measured {
+                match row {
+                    Ok(row) => println!(
+                        "{:<14} {:>7} {:>7} {:<10} {:>12} {:>10.3} {:>14} {:>10}",
+                        row.device,
+                        vocab,
+                        tokens,
+                        path,
+                        human_bytes(row.peak_bytes),
+                        row.median_s,
+                        burn.map_or("—".into(), |b| format!(
+                            "{:.1}",
+                            b.peak_bytes as f64 / row.peak_bytes as f64
+                        )),
+                        burn.map_or("—".into(), |b| format!(
+                            "{:.2}",
+                            row.median_s / b.median_s
+                        )),
+                    ),
+                    Err(error) => {
+                        println!(
+                            "{:<14} {vocab:>7} {tokens:>7} {path:<10} does not run: {error}",
+                            ""
+                        )
+                    }
+                }
+            }
+            rows.extend(measured.into_iter().filter_map(|(_, row)| row.ok()));
+        }
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)? + "\n")?;
+    }
+    Ok(())
+}
+
+/// Mean loss, forward + backward, of one path: the highest peak and the median time.
+fn measure(
+    args: &Args,
+    path: &str,
+    vocab: usize,
+    tokens: usize,
+) -> Result<Row, Box<dyn std::error::Error>> {
+    let device = DeviceChoice::from_arg_or_env(Some(&args.device))?.device()?;
+    let autodiff = device.clone().autodiff();
+    let normal = Distribution::Normal(0.0, 1.0);
+    let hidden = Tensor::<2>::random([tokens, args.d], normal, &autodiff).require_grad();
+    let weight = (Tensor::<2>::random([vocab, args.d], normal, &autodiff) / (args.d as f64).sqrt())
+        .require_grad();
+    let targets = Tensor::<1, Int>::random(
+        [tokens],
+        Distribution::Uniform(0.0, vocab as f64),
+        &autodiff,
+    );
+    let gradients = match path {
+        "fused" => Some(GradientPass::DuringForward),
+        "recompute" => Some(GradientPass::Recompute),
+        "burn" => None,
+        other => return Err(format!("unknown path {other}").into()),
+    };
+    let step = || {
+        let loss = match gradients {
+            Some(gradients) => fused_linear_cross_entropy(
+                hidden.clone(),
+                weight.clone(),
+                None,
+                targets.clone(),
+                FusedCrossEntropyOptions {
+                    gradients,
+                    ..Default::default()
+                },
+            ),
+            None => CrossEntropyLossConfig::new().init(&autodiff).forward(
+                hidden.clone().matmul(weight.clone().transpose()),
+                targets.clone(),
+            ),
+        };
+        weight
+            .grad(&loss.backward())
+            .expect("the weight is tracked")
+    };
+    let measured = common::measure_steps(&device, args.repeats, step)?;
+    Ok(Row {
+        path: path.to_owned(),
+        device: describe(&device),
+        vocab,
+        tokens,
+        d: args.d,
+        peak_bytes: measured.peak_bytes,
+        median_s: measured.median_s,
+    })
+}
