@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! cargo bench --bench fused_linear_cross_entropy -- [--device flex|wgpu] [--vocabs 32000,50257,128256]
-//!     [--tokens 1024,4096,8192] [--d 512] [--paths fused,recompute,burn] [--repeats 3] [--json out.json]
+//!     [--tokens 1024,4096,8192] [--d 512] [--paths fused,recompute,burn] [--chunk TOKENS]
+//!     [--repeats 3] [--json out.json]
 //! ```
 //!
 //! Paths: `fused` (gradients during the forward pass, the default), `recompute` (gradients
@@ -40,6 +41,9 @@ struct Args {
     d: usize,
     #[arg(long, value_delimiter = ',', default_value = "fused,burn")]
     paths: Vec<String>,
+    /// Tokens per chunk of the fused paths (default: the op's own choice).
+    #[arg(long)]
+    chunk: Option<usize>,
     /// Timed repeats after one warm-up; the median is reported.
     #[arg(long, default_value_t = 3)]
     repeats: usize,
@@ -162,6 +166,7 @@ fn measure(
                 targets.clone(),
                 FusedCrossEntropyOptions {
                     gradients,
+                    chunk_size: args.chunk,
                     ..Default::default()
                 },
             ),

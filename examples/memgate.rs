@@ -5,15 +5,16 @@
 //! ```
 //!
 //! Each stack runs in its own child process so that no stack inherits another's allocator state
-//! or pool peaks. Stacks: `baseline` (Burn attention, full logits + `CrossEntropyLoss`, AdamW)
-//! and `flash-attention` (the same with burn-memwall's flash attention); each burn-memwall part
-//! adds its own row.
+//! or pool peaks. Stacks: `baseline` (Burn attention, full logits + `CrossEntropyLoss`, AdamW),
+//! `flash-attention` (the same with burn-memwall's flash attention), `fused-loss` (the same with
+//! the fused linear + cross-entropy) and `flash+fused` (both); each burn-memwall part adds its
+//! own row.
 
 use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, human_bytes};
 use burn_memwall_models::data::{TextTokenizer, load_text};
-use burn_memwall_models::lm::{AttentionKind, LmConfig, human_count};
+use burn_memwall_models::lm::{AttentionKind, LmConfig, LossKind, human_count};
 use burn_memwall_models::training::measure_baseline_steps;
 use clap::Parser;
 use serde::{Deserialize, Serialize};
@@ -61,7 +62,7 @@ struct Args {
 }
 
 /// Every stack memgate knows, in the order they are reported.
-const STACKS: [&str; 2] = ["baseline", "flash-attention"];
+const STACKS: [&str; 4] = ["baseline", "flash-attention", "fused-loss", "flash+fused"];
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
 struct Row {
@@ -185,8 +186,11 @@ fn print_table(rows: &[Row]) {
 fn run_stack(args: &Args, stack: &str) -> Result<Row, Box<dyn std::error::Error>> {
     let device = DeviceChoice::from_arg_or_env(Some(&args.device))?.device()?;
     let mut config = LmConfig::preset(&args.model)?;
-    if stack == "flash-attention" {
+    if stack.contains("flash") {
         config.attention = AttentionKind::Flash;
+    }
+    if stack.contains("fused") {
+        config.loss = LossKind::Fused;
     }
     // Byte ids fit every preset's vocabulary, so all models train on the same data.
     let tokens = TextTokenizer::byte_level().encode(&load_text(args.data.as_deref())?)?;

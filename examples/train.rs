@@ -13,7 +13,7 @@ use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes};
 use burn_memwall_models::data::{TextTokenizer, load_text};
-use burn_memwall_models::lm::{AttentionKind, LmConfig, PRESETS, human_count};
+use burn_memwall_models::lm::{AttentionKind, LmConfig, LossKind, PRESETS, human_count};
 use burn_memwall_models::training::{Artifacts, RunConfig, TrainingConfig, train};
 use clap::{Parser, ValueEnum};
 
@@ -36,6 +36,14 @@ enum AttentionArg {
     Flash,
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum LossArg {
+    /// Full logits, then Burn's `CrossEntropyLoss` (keeps `[tokens, vocab]` for the backward).
+    Burn,
+    /// burn-memwall's fused linear + cross-entropy (never holds the logits).
+    Fused,
+}
+
 #[derive(Parser, Debug)]
 #[command(about = "Train the burn-memwall reference LM through Burn's Learner")]
 struct Args {
@@ -45,6 +53,9 @@ struct Args {
     /// Attention implementation; both train the same weights.
     #[arg(long, value_enum, default_value = "burn")]
     attention: AttentionArg,
+    /// Loss implementation; both train the same weights to the same loss.
+    #[arg(long, value_enum, default_value = "burn")]
+    loss: LossArg,
     /// auto, flex, wgpu, vulkan, metal, webgpu, cuda, rocm or cpu.
     #[arg(long, env = "BURN_DEVICE", default_value = "auto")]
     device: String,
@@ -108,6 +119,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     model.attention = match args.attention {
         AttentionArg::Burn => AttentionKind::Burn,
         AttentionArg::Flash => AttentionKind::Flash,
+    };
+    model.loss = match args.loss {
+        LossArg::Burn => LossKind::Burn,
+        LossArg::Fused => LossKind::Fused,
     };
     let training = TrainingConfig::new()
         .with_seq_len(args.seq)

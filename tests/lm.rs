@@ -1,5 +1,5 @@
 //! The reference language model: shapes, causality, parameter counts, config errors, and the
-//! flash attention switch.
+//! flash attention and fused loss switches.
 
 mod common;
 
@@ -7,7 +7,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_memwall_models::Error;
-use burn_memwall_models::lm::{AttentionKind, LmConfig, MlpKind, PRESETS};
+use burn_memwall_models::lm::{AttentionKind, LmConfig, LossKind, MlpKind, PRESETS};
 
 /// A small config exercising grouped-query attention and an untied head.
 fn small_gqa() -> LmConfig {
@@ -100,21 +100,19 @@ fn loss_and_grads(
     (loss.into_scalar::<f32>(), collect.out)
 }
 
-#[test]
-fn flash_attention_gives_the_same_loss_and_gradients() {
+/// `variant` of `config` (same weights) trains exactly as `config` does: same loss, same
+/// gradient for every parameter, on every device.
+fn assert_same_loss_and_gradients(config: LmConfig, variant: LmConfig) {
     for device in common::devices() {
         let autodiff = device.clone().autodiff();
-        let config = small_gqa();
-        let burn_model = config.init(&autodiff).unwrap();
-        let flash_model = config
-            .clone()
-            .with_attention(AttentionKind::Flash)
+        let base_model = config.init(&autodiff).unwrap();
+        let variant_model = variant
             .init(&autodiff)
             .unwrap()
-            .load_record(burn_model.clone().into_record());
+            .load_record(base_model.clone().into_record());
         let tokens = random_tokens(2, 25, config.vocab_size, &autodiff);
-        let (want_loss, want) = loss_and_grads(&burn_model, &tokens);
-        let (got_loss, got) = loss_and_grads(&flash_model, &tokens);
+        let (want_loss, want) = loss_and_grads(&base_model, &tokens);
+        let (got_loss, got) = loss_and_grads(&variant_model, &tokens);
         assert!(
             (got_loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
             "{got_loss} vs {want_loss}"
@@ -129,6 +127,20 @@ fn flash_attention_gives_the_same_loss_and_gradients() {
                 );
             }
         }
+    }
+}
+
+#[test]
+fn flash_attention_gives_the_same_loss_and_gradients() {
+    let config = small_gqa();
+    assert_same_loss_and_gradients(config.clone(), config.with_attention(AttentionKind::Flash));
+}
+
+#[test]
+fn fused_loss_gives_the_same_loss_and_gradients_with_tied_and_untied_heads() {
+    for tied in [false, true] {
+        let config = small_gqa().with_tie_embeddings(tied);
+        assert_same_loss_and_gradients(config.clone(), config.with_loss(LossKind::Fused));
     }
 }
 

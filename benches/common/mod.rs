@@ -66,6 +66,7 @@ pub fn measure_steps<const D: usize>(
     let mut times = Vec::new();
     let mut grad = None;
     for _ in 0..repeats.max(1) {
+        drop(grad.take()); // the previous step's gradient is not part of this step's peak
         meter.reset_peak();
         let started = Instant::now();
         grad = Some(step());

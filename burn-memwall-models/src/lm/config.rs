@@ -25,6 +25,17 @@ pub enum AttentionKind {
     Flash,
 }
 
+/// How the training loss turns the final hidden states into a cross-entropy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LossKind {
+    /// The head's full `[batch · seq, vocab]` logits, then `burn::nn::loss::CrossEntropyLoss`:
+    /// under autodiff the logits, their log-softmax and their gradient are all held.
+    Burn,
+    /// `burn_memwall::nn::FusedLinearCrossEntropyLoss`: chunk by chunk from the hidden states
+    /// and the head's weight, never holding more than one chunk of logits.
+    Fused,
+}
+
 /// A decoder-only transformer: token embedding, `n_layers` pre-norm blocks of causal
 /// grouped-query attention with rotary positions and an MLP, a final RMSNorm and the LM head.
 #[derive(Config, Debug, PartialEq)]
@@ -46,6 +57,9 @@ pub struct LmConfig {
     /// Attention implementation (the weights are the same for both).
     #[config(default = "AttentionKind::Burn")]
     pub attention: AttentionKind,
+    /// Training loss implementation (the weights and the value are the same for both).
+    #[config(default = "LossKind::Burn")]
+    pub loss: LossKind,
     /// Feed-forward block.
     #[config(default = "MlpKind::SwiGlu")]
     pub mlp: MlpKind,

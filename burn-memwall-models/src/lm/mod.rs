@@ -6,6 +6,6 @@ mod mlp;
 mod model;
 
 pub use attention::CausalSelfAttention;
-pub use config::{AttentionKind, LmConfig, MlpKind, PRESETS, human_count};
+pub use config::{AttentionKind, LmConfig, LossKind, MlpKind, PRESETS, human_count};
 pub use mlp::Mlp;
 pub use model::{Block, LanguageModel};

@@ -8,7 +8,9 @@ use burn::nn::{
 };
 use burn::prelude::*;
 
-use super::{CausalSelfAttention, LmConfig, Mlp};
+use burn_memwall::nn::FusedLinearCrossEntropyLossConfig;
+
+use super::{CausalSelfAttention, LmConfig, LossKind, Mlp};
 use crate::Error;
 
 /// One pre-norm transformer block: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
@@ -52,6 +54,8 @@ pub struct LanguageModel {
     rope: RotaryEncoding,
     vocab_size: usize,
     max_seq_len: usize,
+    #[module(skip)]
+    loss: LossKind,
 }
 
 impl LmConfig {
@@ -83,6 +87,7 @@ impl LmConfig {
                 .init(device),
             vocab_size: self.vocab_size,
             max_seq_len: self.max_seq_len,
+            loss: self.loss,
         })
     }
 }
@@ -127,15 +132,28 @@ impl LanguageModel {
         }
     }
 
-    /// Mean next-token cross-entropy over every position, from full logits: `[batch, seq]` ids
-    /// and targets → `[1]`. This is the baseline loss path (B·S·V logits are materialised).
+    /// Mean next-token cross-entropy over every position: `[batch, seq]` ids and targets →
+    /// `[1]`. With [`LossKind::Burn`] from the full `[batch · seq, vocab]` logits (the
+    /// baseline); with [`LossKind::Fused`] chunk by chunk, never holding the logits.
     pub fn loss(&self, tokens: Tensor<2, Int>, targets: Tensor<2, Int>) -> Tensor<1> {
-        let logits = self.forward(tokens);
-        let [batch, seq, vocab] = logits.dims();
-        let loss = CrossEntropyLossConfig::new().init(&logits.device());
-        loss.forward(
-            logits.reshape([batch * seq, vocab]),
-            targets.reshape([batch * seq]),
-        )
+        match self.loss {
+            LossKind::Burn => {
+                let logits = self.forward(tokens);
+                let [batch, seq, vocab] = logits.dims();
+                let loss = CrossEntropyLossConfig::new().init(&logits.device());
+                loss.forward(
+                    logits.reshape([batch * seq, vocab]),
+                    targets.reshape([batch * seq]),
+                )
+            }
+            LossKind::Fused => {
+                let hidden = self.hidden(tokens);
+                let loss = FusedLinearCrossEntropyLossConfig::new().init();
+                match &self.head {
+                    Some(head) => loss.forward(hidden, head, targets),
+                    None => loss.forward_tied(hidden, &self.embedding, targets),
+                }
+            }
+        }
     }
 }

@@ -1,7 +1,14 @@
-//! Drop-in layers built on the memory-lean ops, each convertible from the Burn layer it replaces.
+//! Drop-in layers built on the memory-lean ops, each convertible from (or working with) the Burn
+//! layer it replaces.
 //!
-//! - [`FlashMultiHeadAttention`]: Burn's multi-head attention on [`crate::ops::flash_attention`].
+//! - [`FlashMultiHeadAttention`]: Burn's multi-head attention on [`crate::ops::flash_attention`];
+//! - [`FusedLinearCrossEntropyLoss`]: an LM head's `Linear` + `CrossEntropyLoss` on
+//!   [`crate::ops::fused_linear_cross_entropy`].
 
 mod flash_mha;
+mod fused_linear_cross_entropy_loss;
 
 pub use flash_mha::{FlashMhaError, FlashMhaInput, FlashMultiHeadAttention};
+pub use fused_linear_cross_entropy_loss::{
+    FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig,
+};

@@ -2,7 +2,7 @@
 //! tensor API. Like the kernels, which widen every element they load, the Flex paths compute
 //! f16 and bf16 inputs in f32.
 
-use burn::backend::tensor::{BoolTensor, FloatTensor, IntTensor};
+use burn::backend::tensor::{BoolTensor, FloatTensor};
 use burn::backend::{BackendTensor, DispatchKindConversion, DispatchTensor, Flex};
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType};
@@ -14,10 +14,6 @@ fn dispatch(t: BackendTensor<Flex>) -> DispatchTensor {
 /// A Flex float primitive as an f32 Burn tensor.
 pub(crate) fn float<const D: usize>(t: FloatTensor<Flex>) -> Tensor<D> {
     Tensor::<D>::from_dispatch(dispatch(BackendTensor::Float(t))).cast(FloatDType::F32)
-}
-
-pub(crate) fn int<const D: usize>(t: IntTensor<Flex>) -> Tensor<D, Int> {
-    Tensor::from_dispatch(dispatch(BackendTensor::Int(t)))
 }
 
 pub(crate) fn bool<const D: usize>(t: BoolTensor<Flex>) -> Tensor<D, Bool> {

@@ -3,10 +3,12 @@
 //! The op walks the tokens in chunks. For each chunk it computes the chunk's logits
 //! `[chunk, vocab]` with one matmul, reduces each row to its loss and log-sum-exp, and turns the
 //! logits into their gradient in place; two more matmuls add the chunk's share of `d_hidden` and
-//! `d_weight`. Only one chunk of logits is alive at a time, and the chunk is sized so that
-//! `chunk × vocab` stays within a fixed budget: the peak grows with `vocab × d` (the weight and
-//! its gradient) and with the number of tokens only through `[tokens, d]` tensors, never through
-//! `tokens × vocab`.
+//! `d_weight`. Only one chunk of logits is alive at a time and the chunk has a fixed number of
+//! tokens: the peak grows with `vocab × d` (the weight's gradient) and `chunk × vocab`, and
+//! with the number of tokens only through `[tokens, d]` tensors, never through `tokens × vocab`.
+//! The vocabulary is not tiled: a whole row of logits is one matmul's output, and its
+//! log-sum-exp and gradient come from two passes over it (tiling would need a second matmul
+//! per tile to recompute the logits once the row's log-sum-exp is known).
 //!
 //! By default the gradients are computed during the forward pass, as Liger-Kernel does (three
 //! matmuls per chunk), and the backward pass only scales them by the upstream gradient. The
@@ -16,8 +18,7 @@
 //! `Reduction::None` needs a gradient per token from upstream and therefore always recomputes.
 //!
 //! - `chunked.rs`: the chunk loop on any backend's primitives (matmuls are the backend's own);
-//! - `rows.rs`: loss, log-sum-exp and gradient of rows of logits on Burn tensors (the Flex path,
-//!   and the reference the kernels are checked against);
+//! - `rows.rs`: loss, log-sum-exp and gradient of rows of logits on the host (the Flex path);
 //! - `cube.rs`: the same rows as CubeCL kernels (every Cube runtime);
 //! - `autodiff.rs`: the handwritten backward wired into Burn's autodiff.
 
@@ -30,20 +31,23 @@ mod rows;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
-use burn::tensor::DType;
+use serde::{Deserialize, Serialize};
 
-use super::flex::{float, int, primitive};
+/// Tokens per chunk when [`FusedCrossEntropyOptions::chunk_size`] is `None`. Every chunk adds
+/// its share to `d_weight`, a pass over `vocab × d` that a chunk of `c` tokens amortises over
+/// `c·vocab·d` multiply-adds: at 256 tokens that pass costs a few percent of the step, at 64 it
+/// made the step 1.6× slower (docs/BENCHMARKS.md).
+pub const DEFAULT_CHUNK_TOKENS: usize = 256;
 
-/// Logits per chunk (`chunk × vocab`) when [`FusedCrossEntropyOptions::chunk_size`] is `None`:
-/// 32 MiB of f32, small beside the weight of any real LM head and large enough for the matmuls
-/// to run near full speed.
-pub const DEFAULT_CHUNK_LOGITS: usize = 1 << 23;
+/// The most logits a default chunk holds (`chunk × vocab`): 128 MiB of f32, so a huge
+/// vocabulary gets fewer tokens per chunk rather than a larger buffer.
+pub const MAX_CHUNK_LOGITS: usize = 1 << 25;
 
 /// The most tokens in one chunk: one cube per token row, within every runtime's grid.
 const MAX_CHUNK_TOKENS: usize = 65535;
 
 /// How the per-token losses become the output.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum Reduction {
     /// Mean over the tokens that are not ignored: shape `[1]` (0 when every token is ignored).
     #[default]
@@ -55,7 +59,7 @@ pub enum Reduction {
 }
 
 /// When the gradients of a reduced loss are computed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum GradientPass {
     /// During the forward pass, from the logits already at hand (Liger-Kernel): three matmuls
     /// per chunk. The gradients wait, `[tokens, d] + [vocab, d]`, for the backward pass.
@@ -79,7 +83,8 @@ pub struct FusedCrossEntropyOptions {
     pub z_loss: f64,
     /// Logit soft-capping `c · tanh(z / c)` (Gemma 2), applied before the softmax.
     pub softcap: Option<f64>,
-    /// Tokens per chunk; `None` picks `DEFAULT_CHUNK_LOGITS / vocab`.
+    /// Tokens per chunk; `None` picks [`DEFAULT_CHUNK_TOKENS`], fewer when `chunk × vocab` would
+    /// pass [`MAX_CHUNK_LOGITS`].
     pub chunk_size: Option<usize>,
     pub gradients: GradientPass,
 }
@@ -113,7 +118,7 @@ pub struct LossPlan {
 /// Inputs that cannot make a loss, with what is wrong.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("fused linear cross-entropy: {0}")]
-pub struct FusedCrossEntropyError(String);
+pub struct FusedCrossEntropyError(pub(crate) String);
 
 /// Mean (or summed, or per-token) cross-entropy of `hidden · weightᵀ + bias` against `targets`,
 /// computed chunk by chunk without materialising the logits. `hidden` is `[tokens, d]`,
@@ -165,7 +170,7 @@ pub fn try_fused_linear_cross_entropy(
     let chunk = match options.chunk_size {
         Some(0) => return fail("chunk_size must be at least 1".into()),
         Some(chunk) => chunk,
-        None => DEFAULT_CHUNK_LOGITS / vocab,
+        None => DEFAULT_CHUNK_TOKENS.min(MAX_CHUNK_LOGITS / vocab),
     }
     .clamp(1, MAX_CHUNK_TOKENS);
 
@@ -323,8 +328,7 @@ impl FusedLinearCrossEntropyBackend for Flex {
         targets: IntTensor<Self>,
         row_loss: RowLoss,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (loss, lse) = rows::forward(float(logits), int(targets), &row_loss);
-        (primitive(loss, DType::F32), primitive(lse, DType::F32))
+        rows::forward(logits, targets, &row_loss)
     }
 
     fn cross_entropy_rows_backward(
@@ -334,14 +338,6 @@ impl FusedLinearCrossEntropyBackend for Flex {
         d_loss: FloatTensor<Self>,
         row_loss: RowLoss,
     ) -> FloatTensor<Self> {
-        let dtype = logits.dtype();
-        let grad = rows::backward(
-            float(logits),
-            int(targets),
-            float(lse),
-            float(d_loss),
-            &row_loss,
-        );
-        primitive(grad, dtype)
+        rows::backward(logits, targets, lse, d_loss, &row_loss)
     }
 }

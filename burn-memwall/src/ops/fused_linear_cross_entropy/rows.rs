@@ -1,65 +1,143 @@
-//! Loss, log-sum-exp and gradient of rows of logits on Burn tensors: the Flex path of the row
-//! primitives, written as the formulas of `burn-memwall-kernels/src/cross_entropy.rs`.
+//! The Flex path of the row primitives: the formulas of
+//! `burn-memwall-kernels/src/cross_entropy.rs`, row by row on the host in parallel, in one read
+//! of each row for the loss and one in-place pass for the gradient. Burn tensor ops would make
+//! several `[chunk, vocab]` temporaries per chunk; these make none.
 
+use burn::backend::Flex;
+use burn::backend::ops::FloatTensorOps;
+use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::prelude::*;
-use burn::tensor::IndexingUpdateOp;
+use burn::tensor::{DType, FloatDType};
+use rayon::prelude::*;
 
 use super::RowLoss;
 
-/// `softcap(z)`.
-fn capped(logits: Tensor<2>, row_loss: &RowLoss) -> Tensor<2> {
-    match row_loss.softcap {
-        Some(cap) => logits.div_scalar(cap).tanh().mul_scalar(cap),
-        None => logits,
+/// Logits as contiguous f32 (a copy only for other dtypes or strided views).
+fn contiguous_f32(logits: FloatTensor<Flex>) -> FloatTensor<Flex> {
+    let logits = match logits.dtype() {
+        DType::F32 => logits,
+        _ => Flex::float_cast(logits, FloatDType::F32),
+    };
+    // A contiguous view as long as its storage starts where the storage does.
+    if logits.as_slice::<f32>().map(<[f32]>::len) == Some(logits.storage::<f32>().len()) {
+        logits
+    } else {
+        logits.to_contiguous()
     }
 }
 
-/// Loss `[rows]` and log-sum-exp `[rows]` of `logits` `[rows, vocab]` against `targets`.
-pub(super) fn forward(
-    logits: Tensor<2>,
-    targets: Tensor<1, Int>,
-    row_loss: &RowLoss,
-) -> (Tensor<1>, Tensor<1>) {
-    let [rows, vocab] = logits.dims();
-    let y = capped(logits, row_loss);
-    let max = y.clone().max_dim(1);
-    let lse = (y.clone() - max.clone()).exp().sum_dim(1).log() + max;
-    let y_target = y.clone().gather(1, targets.reshape([rows, 1]));
-    let smoothing = row_loss.label_smoothing as f64;
-    let loss = lse.clone()
-        - y_target.mul_scalar(1.0 - smoothing)
-        - y.sum_dim(1).mul_scalar(smoothing / vocab as f64)
-        + lse.clone().powi_scalar(2).mul_scalar(row_loss.z_loss);
-    (loss.reshape([rows]), lse.reshape([rows]))
+fn host_f32(t: FloatTensor<Flex>) -> Vec<f32> {
+    t.into_data()
+        .try_into_vec_as::<f32>()
+        .expect("a float tensor")
 }
 
-/// `∂loss/∂logits · d_loss[row]` `[rows, vocab]`, from the log-sum-exp of [`forward`].
-pub(super) fn backward(
-    logits: Tensor<2>,
-    targets: Tensor<1, Int>,
-    lse: Tensor<1>,
-    d_loss: Tensor<1>,
+fn host_targets(targets: IntTensor<Flex>) -> Vec<usize> {
+    targets
+        .into_data()
+        .try_into_vec_as::<i64>()
+        .expect("an int tensor")
+        .into_iter()
+        .map(|t| usize::try_from(t).expect("targets are checked before the op"))
+        .collect()
+}
+
+fn rows_tensor(values: Vec<f32>) -> FloatTensor<Flex> {
+    let len = values.len();
+    FloatTensor::<Flex>::from_data(TensorData::new(values, [len]))
+}
+
+impl RowLoss {
+    fn cap(&self, z: f32) -> f32 {
+        match self.softcap {
+            Some(cap) => cap * (z / cap).tanh(),
+            None => z,
+        }
+    }
+
+    /// `∂y/∂z` written with the capped `y`.
+    fn cap_slope(&self, y: f32) -> f32 {
+        match self.softcap {
+            Some(cap) => 1.0 - (y / cap) * (y / cap),
+            None => 1.0,
+        }
+    }
+
+    /// Loss and log-sum-exp of one row.
+    fn row(&self, logits: &[f32], target: usize) -> (f32, f32) {
+        let max = logits
+            .iter()
+            .map(|&z| self.cap(z))
+            .fold(f32::NEG_INFINITY, f32::max);
+        let (sum, total) = logits.iter().fold((0.0f32, 0.0f32), |(sum, total), &z| {
+            let y = self.cap(z);
+            (sum + (y - max).exp(), total + y)
+        });
+        let lse = max + sum.ln();
+        let smoothing = self.label_smoothing;
+        let loss = lse
+            - (1.0 - smoothing) * self.cap(logits[target])
+            - smoothing * total / logits.len() as f32
+            + self.z_loss * lse * lse;
+        (loss, lse)
+    }
+
+    /// Overwrites one row of logits with `∂loss/∂logits · upstream`.
+    fn row_gradient(&self, logits: &mut [f32], target: usize, lse: f32, upstream: f32) {
+        let probability_scale = upstream * (1.0 + 2.0 * self.z_loss * lse);
+        let uniform = upstream * self.label_smoothing / logits.len() as f32;
+        for (j, z) in logits.iter_mut().enumerate() {
+            let y = self.cap(*z);
+            let mut dy = (y - lse).exp() * probability_scale - uniform;
+            if j == target {
+                dy -= upstream * (1.0 - self.label_smoothing);
+            }
+            *z = dy * self.cap_slope(y);
+        }
+    }
+}
+
+/// Loss `[rows]` and log-sum-exp `[rows]` (f32) of `logits` `[rows, vocab]`.
+pub(super) fn forward(
+    logits: FloatTensor<Flex>,
+    targets: IntTensor<Flex>,
     row_loss: &RowLoss,
-) -> Tensor<2> {
-    let [rows, vocab] = logits.dims();
-    let y = capped(logits, row_loss);
-    let (lse, d_loss) = (lse.reshape([rows, 1]), d_loss.reshape([rows, 1]));
-    let smoothing = row_loss.label_smoothing as f64;
-    let probability_scale = d_loss.clone()
-        * lse
-            .clone()
-            .mul_scalar(2.0 * row_loss.z_loss as f64)
-            .add_scalar(1.0);
-    let grad = (y.clone() - lse).exp() * probability_scale
-        - d_loss.clone().mul_scalar(smoothing / vocab as f64);
-    let grad = grad.scatter(
-        1,
-        targets.reshape([rows, 1]),
-        d_loss.mul_scalar(smoothing - 1.0),
-        IndexingUpdateOp::Add,
-    );
-    match row_loss.softcap {
-        Some(cap) => grad * y.div_scalar(cap).powi_scalar(2).neg().add_scalar(1.0),
-        None => grad,
+) -> (FloatTensor<Flex>, FloatTensor<Flex>) {
+    let logits = contiguous_f32(logits);
+    let vocab = logits.layout().shape()[1];
+    let values = logits.as_slice::<f32>().expect("contiguous f32");
+    let (loss, lse) = values
+        .par_chunks(vocab)
+        .zip(host_targets(targets))
+        .map(|(row, target)| row_loss.row(row, target))
+        .unzip();
+    (rows_tensor(loss), rows_tensor(lse))
+}
+
+/// `∂loss/∂logits · d_loss[row]` `[rows, vocab]` in `logits`' dtype, in place when the logits
+/// are f32 and held by nobody else.
+pub(super) fn backward(
+    logits: FloatTensor<Flex>,
+    targets: IntTensor<Flex>,
+    lse: FloatTensor<Flex>,
+    d_loss: FloatTensor<Flex>,
+    row_loss: &RowLoss,
+) -> FloatTensor<Flex> {
+    let dtype = logits.dtype();
+    let mut grad = contiguous_f32(logits);
+    let vocab = grad.layout().shape()[1];
+    let rows = host_targets(targets)
+        .into_iter()
+        .zip(host_f32(lse))
+        .zip(host_f32(d_loss));
+    grad.storage_mut::<f32>()
+        .par_chunks_mut(vocab)
+        .zip(rows.collect::<Vec<_>>())
+        .for_each(|(row, ((target, lse), upstream))| {
+            row_loss.row_gradient(row, target, lse, upstream)
+        });
+    match dtype {
+        DType::F32 => grad,
+        dtype => Flex::float_cast(grad, dtype.into()),
     }
 }

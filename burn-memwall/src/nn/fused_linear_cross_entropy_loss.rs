@@ -1,0 +1,130 @@
+//! The LM-head loss on [`fused_linear_cross_entropy`]: `Linear` + `CrossEntropyLoss` without the
+//! `[tokens, vocab]` logits, in the forward pass or the backward.
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::{Embedding, Linear};
+use burn::prelude::*;
+
+use crate::ops::fused_linear_cross_entropy::{
+    FusedCrossEntropyError, FusedCrossEntropyOptions, GradientPass, Reduction,
+    try_fused_linear_cross_entropy,
+};
+
+/// Configuration of [`FusedLinearCrossEntropyLoss`]; the defaults are plain mean cross-entropy,
+/// as `CrossEntropyLossConfig::new()`.
+#[derive(Config, Debug)]
+pub struct FusedLinearCrossEntropyLossConfig {
+    /// Tokens with this target are left out (Burn's `pad_tokens`, for one padding id).
+    pub ignore_index: Option<usize>,
+    /// How the per-token losses are combined.
+    #[config(default = "Reduction::Mean")]
+    pub reduction: Reduction,
+    /// Label smoothing `ε` in `[0, 1]` (Burn's `smoothing`).
+    #[config(default = 0.0)]
+    pub label_smoothing: f64,
+    /// Coefficient of the z-loss `λ·lse²` (PaLM); 0 turns it off.
+    #[config(default = 0.0)]
+    pub z_loss: f64,
+    /// Logit soft-capping `c · tanh(z / c)` (Gemma 2).
+    pub softcap: Option<f64>,
+    /// Tokens per chunk; `None` picks
+    /// [`crate::ops::fused_linear_cross_entropy::DEFAULT_CHUNK_TOKENS`].
+    pub chunk_size: Option<usize>,
+    /// When the gradients of a reduced loss are computed.
+    #[config(default = "GradientPass::DuringForward")]
+    pub gradients: GradientPass,
+}
+
+impl FusedLinearCrossEntropyLossConfig {
+    pub fn init(&self) -> FusedLinearCrossEntropyLoss {
+        FusedLinearCrossEntropyLoss {
+            options: FusedCrossEntropyOptions {
+                ignore_index: self.ignore_index,
+                reduction: self.reduction,
+                label_smoothing: self.label_smoothing,
+                z_loss: self.z_loss,
+                softcap: self.softcap,
+                chunk_size: self.chunk_size,
+                gradients: self.gradients,
+            },
+        }
+    }
+}
+
+/// Cross-entropy of an LM head's logits, computed from the hidden states and the head's weight
+/// without ever holding the logits. Replaces `CrossEntropyLoss::forward(head.forward(hidden),
+/// targets)` by `loss.forward(hidden, &head, targets)`: the head stays Burn's own `Linear`
+/// (same weights, same record), or the token embedding when the two are tied.
+///
+/// Hidden states are `[..., d_model]` with targets `[...]` (for example `[batch, seq, d_model]`
+/// and `[batch, seq]`); the loss is `[1]`, or one per token (flattened) for `Reduction::None`.
+/// Reads the targets back once per call to check them (see [`try_fused_linear_cross_entropy`]).
+#[derive(Module, Debug)]
+pub struct FusedLinearCrossEntropyLoss {
+    #[module(skip)]
+    options: FusedCrossEntropyOptions,
+}
+
+impl FusedLinearCrossEntropyLoss {
+    /// The loss of `head.forward(hidden)` (a `Linear` `[d_model] → [vocab]`, bias included).
+    ///
+    /// Panics, naming what is wrong, on shapes that do not fit or targets outside the
+    /// vocabulary; [`Self::try_forward`] returns the error instead.
+    pub fn forward<const D: usize, const T: usize>(
+        &self,
+        hidden: Tensor<D>,
+        head: &Linear,
+        targets: Tensor<T, Int>,
+    ) -> Tensor<1> {
+        self.try_forward(hidden, head, targets)
+            .unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// [`Self::forward`], returning bad input as an error.
+    pub fn try_forward<const D: usize, const T: usize>(
+        &self,
+        hidden: Tensor<D>,
+        head: &Linear,
+        targets: Tensor<T, Int>,
+    ) -> Result<Tensor<1>, FusedCrossEntropyError> {
+        // `Linear` stores `[d_model, vocab]`; the op reads `[vocab, d_model]` (a view, no copy).
+        let weight = head.weight.val().transpose();
+        let bias = head.bias.as_ref().map(|bias| bias.val());
+        self.loss(hidden, weight, bias, targets)
+    }
+
+    /// The loss of logits `hidden · embeddingᵀ`: an LM head tied to the token embedding.
+    /// Its gradient adds to the embedding lookup's.
+    pub fn forward_tied<const D: usize, const T: usize>(
+        &self,
+        hidden: Tensor<D>,
+        embedding: &Embedding,
+        targets: Tensor<T, Int>,
+    ) -> Tensor<1> {
+        self.loss(hidden, embedding.weight.val(), None, targets)
+            .unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    fn loss<const D: usize, const T: usize>(
+        &self,
+        hidden: Tensor<D>,
+        weight: Tensor<2>,
+        bias: Option<Tensor<1>>,
+        targets: Tensor<T, Int>,
+    ) -> Result<Tensor<1>, FusedCrossEntropyError> {
+        let (hidden_dims, target_dims) = (hidden.dims(), targets.dims());
+        if D < 2 || hidden_dims[..D - 1] != target_dims[..] {
+            return Err(FusedCrossEntropyError(format!(
+                "hidden {hidden_dims:?} must be targets {target_dims:?} followed by d_model"
+            )));
+        }
+        try_fused_linear_cross_entropy(
+            hidden.flatten(0, D - 2),
+            weight,
+            bias,
+            targets.flatten(0, T - 1),
+            self.options,
+        )
+    }
+}
