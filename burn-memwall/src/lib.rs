@@ -8,8 +8,9 @@
 //! - [`device`]: one runtime device choice for every program (`--device`, `BURN_DEVICE`);
 //! - [`memory`]: peak-memory measurement of a training step, split into pools;
 //! - [`ops`]: the memory-lean ops, each a custom Burn op with a handwritten backward (flash
-//!   attention so far);
-//! - [`nn`]: drop-in layers built on them ([`nn::FlashMultiHeadAttention`]).
+//!   attention, fused linear + cross-entropy);
+//! - [`nn`]: drop-in layers built on them ([`nn::FlashMultiHeadAttention`],
+//!   [`nn::FusedLinearCrossEntropyLoss`]).
 
 pub mod device;
 pub mod memory;

@@ -35,8 +35,9 @@ use serde::{Deserialize, Serialize};
 
 /// Tokens per chunk when [`FusedCrossEntropyOptions::chunk_size`] is `None`. Every chunk adds
 /// its share to `d_weight`, a pass over `vocab × d` that a chunk of `c` tokens amortises over
-/// `c·vocab·d` multiply-adds: at 256 tokens that pass costs a few percent of the step, at 64 it
-/// made the step 1.6× slower (docs/BENCHMARKS.md).
+/// `c·vocab·d` multiply-adds. Measured at vocab 128256, 1024 tokens on Flex: 65-token chunks
+/// took 8.98 s, 256-token chunks 4.75 s, 1024-token chunks 3.79 s for a 1.15× higher peak
+/// (docs/BENCHMARKS.md).
 pub const DEFAULT_CHUNK_TOKENS: usize = 256;
 
 /// The most logits a default chunk holds (`chunk × vocab`): 128 MiB of f32, so a huge
