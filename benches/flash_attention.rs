@@ -26,25 +26,14 @@ static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 #[derive(Parser, Debug)]
 struct Args {
-    #[arg(long, env = "BURN_DEVICE", default_value = "flex")]
-    device: String,
+    #[command(flatten)]
+    run: common::RunArgs,
     #[arg(long, value_delimiter = ',', default_value = "512,1024,2048,4096,8192")]
     seqs: Vec<usize>,
     #[arg(long, default_value_t = 8)]
     heads: usize,
     #[arg(long, default_value_t = 64)]
     d: usize,
-    /// Timed repeats after one warm-up; the median is reported.
-    #[arg(long, default_value_t = 3)]
-    repeats: usize,
-    #[arg(long)]
-    json: Option<std::path::PathBuf>,
-    /// Internal: measure one `path:seq` in this process.
-    #[arg(long, hide = true)]
-    worker: Option<String>,
-    /// cargo bench passes this through.
-    #[arg(long, hide = true)]
-    bench: bool,
 }
 
 #[derive(Serialize, Deserialize, Debug)]
@@ -60,7 +49,7 @@ struct Row {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    if let Some(job) = &args.worker {
+    if let Some(job) = &args.run.worker {
         let (path, seq) = job.split_once(':').ok_or("worker job is path:seq")?;
         common::report(&measure(&args, path, seq.parse()?)?)?;
         return Ok(());
@@ -102,15 +91,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         rows.extend([flash, burn].into_iter().flatten());
     }
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&rows)? + "\n")?;
-    }
-    Ok(())
+    args.run.write_json(&rows)
 }
 
 /// Causal forward + backward of one path: the highest peak and the median time.
 fn measure(args: &Args, path: &str, seq: usize) -> Result<Row, Box<dyn std::error::Error>> {
-    let device = DeviceChoice::from_arg_or_env(Some(&args.device))?.device()?;
+    let device = DeviceChoice::from_arg_or_env(Some(&args.run.device))?.device()?;
     let shape = [1, args.heads, seq, args.d];
     let random =
         |device: &Device| Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), device);
@@ -151,7 +137,7 @@ fn measure(args: &Args, path: &str, seq: usize) -> Result<Row, Box<dyn std::erro
             .backward();
         q.grad(&grads).expect("q is tracked")
     };
-    let measured = common::measure_steps(&device, args.repeats, step)?;
+    let measured = common::measure_steps(&device, args.run.repeats, step)?;
     Ok(Row {
         path: path.to_owned(),
         device: describe(&device),

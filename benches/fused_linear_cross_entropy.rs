@@ -31,8 +31,8 @@ static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 #[derive(Parser, Debug)]
 struct Args {
-    #[arg(long, env = "BURN_DEVICE", default_value = "flex")]
-    device: String,
+    #[command(flatten)]
+    run: common::RunArgs,
     #[arg(long, value_delimiter = ',', default_value = "32000,50257,128256")]
     vocabs: Vec<usize>,
     #[arg(long, value_delimiter = ',', default_value = "1024,4096,8192")]
@@ -44,17 +44,6 @@ struct Args {
     /// Tokens per chunk of the fused paths (default: the op's own choice).
     #[arg(long)]
     chunk: Option<usize>,
-    /// Timed repeats after one warm-up; the median is reported.
-    #[arg(long, default_value_t = 3)]
-    repeats: usize,
-    #[arg(long)]
-    json: Option<std::path::PathBuf>,
-    /// Internal: measure one `path:vocab:tokens` in this process.
-    #[arg(long, hide = true)]
-    worker: Option<String>,
-    /// cargo bench passes this through.
-    #[arg(long, hide = true)]
-    bench: bool,
 }
 
 #[derive(Serialize, Deserialize, Debug)]
@@ -70,7 +59,7 @@ struct Row {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    if let Some(job) = &args.worker {
+    if let Some(job) = &args.run.worker {
         let mut parts = job.split(':');
         let (Some(path), Some(vocab), Some(tokens)) = (parts.next(), parts.next(), parts.next())
         else {
@@ -127,10 +116,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             rows.extend(measured.into_iter().filter_map(|(_, row)| row.ok()));
         }
     }
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&rows)? + "\n")?;
-    }
-    Ok(())
+    args.run.write_json(&rows)
 }
 
 /// Mean loss, forward + backward, of one path: the highest peak and the median time.
@@ -140,7 +126,7 @@ fn measure(
     vocab: usize,
     tokens: usize,
 ) -> Result<Row, Box<dyn std::error::Error>> {
-    let device = DeviceChoice::from_arg_or_env(Some(&args.device))?.device()?;
+    let device = DeviceChoice::from_arg_or_env(Some(&args.run.device))?.device()?;
     let autodiff = device.clone().autodiff();
     let normal = Distribution::Normal(0.0, 1.0);
     let hidden = Tensor::<2>::random([tokens, args.d], normal, &autodiff).require_grad();
@@ -179,7 +165,7 @@ fn measure(
             .grad(&loss.backward())
             .expect("the weight is tracked")
     };
-    let measured = common::measure_steps(&device, args.repeats, step)?;
+    let measured = common::measure_steps(&device, args.run.repeats, step)?;
     Ok(Row {
         path: path.to_owned(),
         device: describe(&device),

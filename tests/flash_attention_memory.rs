@@ -7,7 +7,7 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn_memwall::memory::{CountingAllocator, MemoryMeter};
+use burn_memwall::memory::CountingAllocator;
 use burn_memwall::ops::flash_attention::{FlashAttentionOptions, flash_attention};
 
 #[global_allocator]
@@ -23,15 +23,6 @@ fn inputs(seq: usize, device: &Device) -> [Tensor<4>; 4] {
     [(); 4].map(|_| Tensor::<4>::random([1, HEADS, seq, D], Distribution::Normal(0.0, 1.0), device))
 }
 
-/// Bytes held at the peak of `work`, above what was live before it (inputs included in neither).
-fn peak_of(device: &Device, work: impl FnOnce()) -> u64 {
-    let meter = MemoryMeter::new(device);
-    let before = meter.live_bytes();
-    meter.reset_peak();
-    work();
-    meter.peak_bytes() - before
-}
-
 /// Peak of one training-style use: forward, then backward of `sum(out ∘ d_out)`, under autodiff.
 fn train_peak(
     seq: usize,
@@ -41,7 +32,7 @@ fn train_peak(
     let autodiff = device.clone().autodiff();
     let [q, k, v, d_out] = inputs(seq, &autodiff);
     let (q, k, v) = (q.require_grad(), k.require_grad(), v.require_grad());
-    peak_of(device, || {
+    common::peak_of(device, || {
         let grads = (attend(q, k, v) * d_out).sum().backward();
         drop(grads);
     })

@@ -7,7 +7,7 @@ mod common;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn_memwall::memory::{CountingAllocator, MemoryMeter};
+use burn_memwall::memory::CountingAllocator;
 use burn_memwall::ops::fused_linear_cross_entropy::{
     FusedCrossEntropyOptions, fused_linear_cross_entropy,
 };
@@ -37,12 +37,10 @@ fn train_peak(
         Distribution::Uniform(0.0, VOCAB as f64),
         &autodiff,
     );
-    let meter = MemoryMeter::new(device);
-    let before = meter.live_bytes();
-    meter.reset_peak();
-    let grads = loss(hidden, weight, targets).backward();
-    drop(grads);
-    meter.peak_bytes() - before
+    common::peak_of(device, || {
+        let grads = loss(hidden, weight, targets).backward();
+        drop(grads);
+    })
 }
 
 fn fused_peak(tokens: usize, device: &Device) -> u64 {

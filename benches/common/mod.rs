@@ -5,10 +5,40 @@ use std::time::Instant;
 
 use burn::prelude::*;
 use burn_memwall::memory::MemoryMeter;
+use clap::Args;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 const ROW_PREFIX: &str = "bench-row ";
+
+/// The options every benchmark takes (`#[command(flatten)]` into its own).
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[arg(long, env = "BURN_DEVICE", default_value = "flex")]
+    pub device: String,
+    /// Timed repeats after one warm-up; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Write the measured rows as JSON here.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+    /// Internal: measure one job in this process.
+    #[arg(long, hide = true)]
+    pub worker: Option<String>,
+    /// cargo bench passes this through.
+    #[arg(long, hide = true)]
+    pub bench: bool,
+}
+
+impl RunArgs {
+    /// Writes `rows` as pretty JSON to `--json`, when given.
+    pub fn write_json<R: Serialize>(&self, rows: &[R]) -> Result<(), Box<dyn std::error::Error>> {
+        if let Some(path) = &self.json {
+            std::fs::write(path, serde_json::to_string_pretty(rows)? + "\n")?;
+        }
+        Ok(())
+    }
+}
 
 /// Prints a worker's measured row for [`run_worker`] to find.
 pub fn report<R: Serialize>(row: &R) -> Result<(), serde_json::Error> {

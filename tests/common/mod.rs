@@ -65,3 +65,13 @@ pub fn seed_from_clock(device: &Device) {
     eprintln!("seed {seed}");
     device.seed(seed);
 }
+
+/// Bytes held at the peak of `work` on `device`, above what was live before it (so tensors
+/// made before `work` count in neither).
+pub fn peak_of(device: &Device, work: impl FnOnce()) -> u64 {
+    let meter = burn_memwall::memory::MemoryMeter::new(device);
+    let before = meter.live_bytes();
+    meter.reset_peak();
+    work();
+    meter.peak_bytes() - before
+}
