@@ -7,15 +7,16 @@
 //! Each stack runs in its own child process so that no stack inherits another's allocator state
 //! or pool peaks. Stacks: `baseline` (Burn attention, full logits + `CrossEntropyLoss`, AdamW),
 //! `flash-attention` (the same with burn-memwall's flash attention), `fused-loss` (the same with
-//! the fused linear + cross-entropy) and `flash+fused` (both); each burn-memwall part adds its
-//! own row.
+//! the fused linear + cross-entropy), `flash+fused` (both), `in-backward` (the baseline with
+//! AdamW applied during backward), `in-backward-sgd` (plain SGD during backward) and
+//! `flash+fused+in-backward`; each burn-memwall part adds its own row.
 
 use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, human_bytes};
 use burn_memwall_models::data::{TextTokenizer, load_text};
 use burn_memwall_models::lm::{AttentionKind, LmConfig, LossKind, human_count};
-use burn_memwall_models::training::measure_baseline_steps;
+use burn_memwall_models::training::{StepOptimizer, measure_steps};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -62,7 +63,15 @@ struct Args {
 }
 
 /// Every stack memgate knows, in the order they are reported.
-const STACKS: [&str; 4] = ["baseline", "flash-attention", "fused-loss", "flash+fused"];
+const STACKS: [&str; 7] = [
+    "baseline",
+    "flash-attention",
+    "fused-loss",
+    "flash+fused",
+    "in-backward",
+    "in-backward-sgd",
+    "flash+fused+in-backward",
+];
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
 struct Row {
@@ -198,8 +207,15 @@ fn run_stack(args: &Args, stack: &str) -> Result<Row, Box<dyn std::error::Error>
         .chunks_exact(args.seq + 1)
         .map(<[u32]>::to_vec)
         .collect();
-    let measured = measure_baseline_steps(
-        &config, &windows, args.batch, args.steps, args.lr, args.seed, &device,
+    let optimizer = if stack.ends_with("in-backward-sgd") {
+        StepOptimizer::InBackwardSgd
+    } else if stack.ends_with("in-backward") {
+        StepOptimizer::InBackwardAdamW
+    } else {
+        StepOptimizer::AdamW
+    };
+    let measured = measure_steps(
+        &config, optimizer, &windows, args.batch, args.steps, args.lr, args.seed, &device,
     )?;
     let pools = measured.pools;
     Ok(Row {

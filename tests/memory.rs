@@ -6,7 +6,7 @@ use burn::prelude::*;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, PoolBreakdown};
 use burn_memwall_models::data::{DEFAULT_CORPUS, TextTokenizer};
 use burn_memwall_models::lm::LmConfig;
-use burn_memwall_models::training::measure_baseline_steps;
+use burn_memwall_models::training::{StepOptimizer, measure_steps};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -61,8 +61,19 @@ fn a_baseline_step_holds_its_logits_and_scales_with_the_batch() {
     let tokens = TextTokenizer::byte_level().encode(DEFAULT_CORPUS).unwrap();
     let windows: Vec<Vec<u32>> = tokens.chunks_exact(seq + 1).map(<[u32]>::to_vec).collect();
 
-    let measure =
-        |batch| measure_baseline_steps(&config, &windows, batch, 3, 1e-3, 7, &device).unwrap();
+    let measure = |batch| {
+        measure_steps(
+            &config,
+            StepOptimizer::AdamW,
+            &windows,
+            batch,
+            3,
+            1e-3,
+            7,
+            &device,
+        )
+        .unwrap()
+    };
     let (small, large) = (measure(2), measure(4));
     let params = (config.param_count() * 4) as u64;
     assert_eq!(small.pools.parameters, params);

@@ -16,5 +16,6 @@ pub mod device;
 pub mod memory;
 pub mod nn;
 pub mod ops;
+pub mod optim;
 
 pub use device::{DeviceChoice, DeviceError};

@@ -6,6 +6,7 @@ use burn::nn::{Linear, LinearConfig, RotaryEncoding};
 use burn::prelude::*;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
+use burn_memwall::nn::Routed;
 use burn_memwall::ops::flash_attention::{FlashAttentionOptions, flash_attention};
 
 use super::{AttentionKind, LmConfig};
@@ -43,14 +44,14 @@ impl CausalSelfAttention {
     }
 
     /// `[batch, seq, d_model]` → `[batch, seq, d_model]`.
-    pub fn forward(&self, x: Tensor<3>, rope: &RotaryEncoding) -> Tensor<3> {
+    pub fn forward(&self, x: Tensor<3>, rope: &RotaryEncoding, route: Routed) -> Tensor<3> {
         let [batch, seq, d_model] = x.dims();
         let d_head = d_model / self.n_heads;
         let heads = |t: Tensor<3>, n: usize| t.reshape([batch, seq, n, d_head]).swap_dims(1, 2);
 
-        let q = rope.forward(heads(self.query.forward(x.clone()), self.n_heads));
-        let k = rope.forward(heads(self.key.forward(x.clone()), self.n_kv_heads));
-        let v = heads(self.value.forward(x), self.n_kv_heads);
+        let q = rope.forward(heads(route.linear(&self.query, x.clone()), self.n_heads));
+        let k = rope.forward(heads(route.linear(&self.key, x.clone()), self.n_kv_heads));
+        let v = heads(route.linear(&self.value, x), self.n_kv_heads);
 
         let out = match self.kind {
             AttentionKind::Burn => {
@@ -68,8 +69,10 @@ impl CausalSelfAttention {
                 flash_attention(q, k, v, None, options)
             }
         };
-        self.output
-            .forward(out.swap_dims(1, 2).reshape([batch, seq, d_model]))
+        route.linear(
+            &self.output,
+            out.swap_dims(1, 2).reshape([batch, seq, d_model]),
+        )
     }
 
     /// `[batch, kv_heads, seq, d_head]` → `[batch, heads, seq, d_head]`: Burn's autodiff

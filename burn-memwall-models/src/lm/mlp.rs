@@ -4,6 +4,7 @@ use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::{relu, silu};
+use burn_memwall::nn::Routed;
 
 use super::{LmConfig, MlpKind};
 
@@ -27,11 +28,11 @@ impl Mlp {
     }
 
     /// `[batch, seq, d_model]` → `[batch, seq, d_model]`.
-    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+    pub fn forward(&self, x: Tensor<3>, route: Routed) -> Tensor<3> {
         let hidden = match &self.gate {
-            Some(gate) => silu(gate.forward(x.clone())) * self.up.forward(x),
-            None => relu(self.up.forward(x)).powi_scalar(2),
+            Some(gate) => silu(route.linear(gate, x.clone())) * route.linear(&self.up, x),
+            None => relu(route.linear(&self.up, x)).powi_scalar(2),
         };
-        self.down.forward(hidden)
+        route.linear(&self.down, hidden)
     }
 }

@@ -8,7 +8,8 @@ use burn::nn::{
 };
 use burn::prelude::*;
 
-use burn_memwall::nn::FusedLinearCrossEntropyLossConfig;
+use burn_memwall::nn::{FusedLinearCrossEntropyLossConfig, Routed};
+use burn_memwall::optim::InBackward;
 
 use super::{CausalSelfAttention, LmConfig, LossKind, Mlp};
 use crate::Error;
@@ -38,9 +39,11 @@ impl Block {
     }
 
     /// `[batch, seq, d_model]` → `[batch, seq, d_model]`.
-    pub fn forward(&self, x: Tensor<3>, rope: &RotaryEncoding) -> Tensor<3> {
-        let x = x.clone() + self.attention.forward(self.attention_norm.forward(x), rope);
-        x.clone() + self.mlp.forward(self.mlp_norm.forward(x))
+    pub fn forward(&self, x: Tensor<3>, rope: &RotaryEncoding, route: Routed) -> Tensor<3> {
+        let normed = route.rms_norm(&self.attention_norm, x.clone());
+        let x = x + self.attention.forward(normed, rope, route);
+        let normed = route.rms_norm(&self.mlp_norm, x.clone());
+        x + self.mlp.forward(normed, route)
     }
 }
 
@@ -56,6 +59,10 @@ pub struct LanguageModel {
     max_seq_len: usize,
     #[module(skip)]
     loss: LossKind,
+    /// Set by [`LanguageModel::with_in_backward`]: every parameter is then updated during
+    /// backward by [`InBackward::step`].
+    #[module(skip)]
+    in_backward: Option<InBackward>,
 }
 
 impl LmConfig {
@@ -88,6 +95,7 @@ impl LmConfig {
             vocab_size: self.vocab_size,
             max_seq_len: self.max_seq_len,
             loss: self.loss,
+            in_backward: None,
         })
     }
 }
@@ -103,6 +111,22 @@ impl LanguageModel {
         self.max_seq_len
     }
 
+    /// Routes every parameter through `in_backward` (or back to plain reads with `None`), so
+    /// that training with [`InBackward::step`] updates each one during backward.
+    pub fn with_in_backward(mut self, in_backward: Option<InBackward>) -> Self {
+        self.in_backward = in_backward;
+        self
+    }
+
+    /// The handle set by [`Self::with_in_backward`].
+    pub fn in_backward(&self) -> Option<&InBackward> {
+        self.in_backward.as_ref()
+    }
+
+    fn route(&self) -> Routed<'_> {
+        Routed::new(self.in_backward.as_ref())
+    }
+
     /// `[batch, seq]` token ids → `[batch, seq, d_model]` final hidden states (after the norm).
     pub fn hidden(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
         let [_, seq] = tokens.dims();
@@ -114,21 +138,26 @@ impl LanguageModel {
                 max_seq_len: self.max_seq_len
             }
         );
+        let route = self.route();
         let x = self
             .blocks
             .iter()
-            .fold(self.embedding.forward(tokens), |x, block| {
-                block.forward(x, &self.rope)
+            .fold(route.embedding(&self.embedding, tokens), |x, block| {
+                block.forward(x, &self.rope, route)
             });
-        self.norm.forward(x)
+        route.rms_norm(&self.norm, x)
     }
 
     /// `[batch, seq]` token ids → `[batch, seq, vocab]` logits.
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
         let hidden = self.hidden(tokens);
+        let route = self.route();
         match &self.head {
-            Some(head) => head.forward(hidden),
-            None => hidden.matmul(self.embedding.weight.val().transpose().unsqueeze()),
+            Some(head) => route.linear(head, hidden),
+            None => {
+                let weight = route.param(&self.embedding.weight, &hidden);
+                hidden.matmul(weight.transpose().unsqueeze())
+            }
         }
     }
 
@@ -149,10 +178,18 @@ impl LanguageModel {
             LossKind::Fused => {
                 let hidden = self.hidden(tokens);
                 let loss = FusedLinearCrossEntropyLossConfig::new().init();
-                match &self.head {
-                    Some(head) => loss.forward(hidden, head, targets),
-                    None => loss.forward_tied(hidden, &self.embedding, targets),
-                }
+                let route = self.route();
+                // `[vocab, d_model]`: a tied head is the embedding itself; a `Linear` is stored
+                // transposed.
+                let (weight, bias) = match &self.head {
+                    Some(head) => (
+                        route.param(&head.weight, &hidden).transpose(),
+                        head.bias.as_ref().map(|bias| route.param(bias, &hidden)),
+                    ),
+                    None => (route.param(&self.embedding.weight, &hidden), None),
+                };
+                loss.try_forward_weights(hidden, weight, bias, targets)
+                    .unwrap_or_else(|error| panic!("{error}"))
             }
         }
     }

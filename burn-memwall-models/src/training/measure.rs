@@ -2,20 +2,46 @@
 
 use std::time::Instant;
 
-use burn::module::Module;
-use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::prelude::*;
 use burn_memwall::memory::{MemoryMeter, PoolBreakdown};
+use burn_memwall::optim::InBackward;
 
 use crate::Error;
 use crate::data::{LmBatch, LmBatcher};
 use crate::lm::{LanguageModel, LmConfig};
 
+/// Which optimizer updates the model, and when.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepOptimizer {
+    /// Burn's AdamW after backward: the baseline.
+    AdamW,
+    /// AdamW applied during backward by [`InBackward`].
+    InBackwardAdamW,
+    /// Plain SGD (no state) applied during backward by [`InBackward`].
+    InBackwardSgd,
+}
+
+impl StepOptimizer {
+    fn init(self) -> ModuleOptimizer {
+        match self {
+            Self::AdamW | Self::InBackwardAdamW => AdamWConfig::new().init(),
+            Self::InBackwardSgd => SgdConfig::new().init(),
+        }
+    }
+
+    fn in_backward(self) -> Option<InBackward> {
+        (self != Self::AdamW).then(InBackward::new)
+    }
+}
+
 /// What a few training steps of one stack measured.
 #[derive(Clone, Copy, Debug)]
 pub struct StepMeasurement {
-    /// The highest step peak, split into pools. `gradients` is computed (one f32 per parameter,
-    /// all alive before the optimizer step); `persistent` is measured after the last step.
+    /// The highest step peak, split into pools. `gradients` is computed: one f32 per parameter
+    /// (all alive before the optimizer step), or in backward the largest parameter's (one at a
+    /// time); `persistent` is measured after the last step.
     pub pools: PoolBreakdown,
     /// Tokens per second over every step but the first (a warm-up).
     pub tokens_per_s: f64,
@@ -23,13 +49,15 @@ pub struct StepMeasurement {
     pub loss: f32,
 }
 
-/// Trains `steps` steps of the baseline stack (Burn attention, full logits + cross-entropy,
-/// AdamW) on consecutive batches of `windows` and measures each step.
+/// Trains `steps` steps of `config` with `optimizer` on consecutive batches of `windows` and
+/// measures each step.
 ///
 /// The peak counts everything allocated after the call starts; on Cube devices pool peaks cannot
 /// be reset, so run one measurement per process there.
-pub fn measure_baseline_steps(
+#[allow(clippy::too_many_arguments)]
+pub fn measure_steps(
     config: &LmConfig,
+    optimizer: StepOptimizer,
     windows: &[Vec<u32>],
     batch_size: usize,
     steps: usize,
@@ -57,12 +85,19 @@ pub fn measure_baseline_steps(
         )));
     }
     let train_device = device.clone().autodiff();
-    warm_up_runtime(config, windows, batch_size, &train_device)?;
+    warm_up_runtime(config, optimizer, windows, batch_size, &train_device)?;
     let meter = MemoryMeter::new(device);
     let start_bytes = meter.live_bytes();
     device.seed(seed);
-    let mut model = config.init(&train_device)?;
-    let mut optimizer = AdamWConfig::new().init();
+    let mut model = config
+        .init(&train_device)?
+        .with_in_backward(optimizer.in_backward());
+    let gradient_bytes = match optimizer {
+        StepOptimizer::AdamW => model.num_params(),
+        _ => largest_parameter(&model),
+    } as u64
+        * size_of::<f32>() as u64;
+    let mut optimizer = optimizer.init();
     let parameter_bytes = (model.num_params() * size_of::<f32>()) as u64;
 
     let (mut peak, mut timed_seconds, mut loss) = (0u64, 0.0f64, f32::NAN);
@@ -92,7 +127,7 @@ pub fn measure_baseline_steps(
     let optimizer_state = persistent.saturating_sub(parameter_bytes);
     let seq_len = windows[0].len() - 1;
     Ok(StepMeasurement {
-        pools: PoolBreakdown::new(peak, parameter_bytes, optimizer_state, parameter_bytes),
+        pools: PoolBreakdown::new(peak, parameter_bytes, optimizer_state, gradient_bytes),
         tokens_per_s: ((steps - 1) * batch_size * seq_len) as f64 / timed_seconds,
         loss,
     })
@@ -103,21 +138,21 @@ pub fn measure_baseline_steps(
 /// autodiff server) is not counted as the measured model's persistent state.
 fn warm_up_runtime(
     config: &LmConfig,
+    optimizer: StepOptimizer,
     windows: &[Vec<u32>],
     batch_size: usize,
     device: &Device,
 ) -> Result<(), Error> {
     let batch = LmBatcher::batch_windows(&windows[..batch_size], device);
-    train_step(
-        config.init(device)?,
-        &mut AdamWConfig::new().init(),
-        batch,
-        1e-3,
-    );
+    let model = config
+        .init(device)?
+        .with_in_backward(optimizer.in_backward());
+    train_step(model, &mut optimizer.init(), batch, 1e-3);
     Ok(())
 }
 
-/// One baseline step: loss, backward, AdamW update. Returns the updated model and the loss.
+/// One step: loss, backward and update (during backward when the model is routed through an
+/// [`InBackward`]). Returns the updated model and the loss.
 fn train_step(
     model: LanguageModel,
     optimizer: &mut ModuleOptimizer,
@@ -125,6 +160,27 @@ fn train_step(
     learning_rate: f64,
 ) -> (LanguageModel, Tensor<1>) {
     let loss = model.loss(batch.inputs, batch.targets);
-    let grads = GradientsParams::from_grads(loss.backward(), &model);
-    (optimizer.step(learning_rate, model, grads), loss)
+    let model = match model.in_backward().cloned() {
+        Some(in_backward) => in_backward
+            .step(optimizer, learning_rate, model, loss.clone())
+            .expect("a model on an autodiff device"),
+        None => {
+            let grads = GradientsParams::from_grads(loss.clone().backward(), &model);
+            optimizer.step(learning_rate, model, grads)
+        }
+    };
+    (model, loss)
+}
+
+/// Elements of the model's largest parameter.
+fn largest_parameter(model: &LanguageModel) -> usize {
+    struct Largest(usize);
+    impl ModuleVisitor for Largest {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0 = self.0.max(param.shape().num_elements());
+        }
+    }
+    let mut largest = Largest(0);
+    model.visit(&mut largest);
+    largest.0
 }

@@ -17,7 +17,7 @@ use burn::train::metric::LossMetric;
 use burn::train::{ExecutionStrategy, Learner, SupervisedTraining};
 
 pub use loader::EpochLoader;
-pub use measure::{StepMeasurement, measure_baseline_steps};
+pub use measure::{StepMeasurement, StepOptimizer, measure_steps};
 pub use progress::{EpochRecord, ProgressRenderer};
 pub use step::{LmOutput, MeanLoss, PerplexityFromLoss};
 

@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use burn::lr_scheduler::module_lr_scheduler::ModuleLearningRate;
+use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
 use burn::tensor::{ExecutionError, TensorReadError};
 use burn::train::metric::{
@@ -46,8 +48,37 @@ impl TrainStep for LanguageModel {
     fn step(&self, batch: LmBatch) -> TrainOutput<LmOutput> {
         let tokens = batch.targets.shape().num_elements();
         let loss = self.loss(batch.inputs, batch.targets);
-        let grads = loss.backward();
-        TrainOutput::new(self, grads, LmOutput { loss, tokens })
+        let output = LmOutput {
+            loss: loss.clone(),
+            tokens,
+        };
+        match self.in_backward() {
+            // The backward pass runs in `optimize`, where the optimizer is at hand.
+            Some(in_backward) => {
+                in_backward
+                    .defer(loss)
+                    .unwrap_or_else(|error| panic!("{error}"));
+                TrainOutput {
+                    grads: GradientsParams::new(),
+                    item: output,
+                }
+            }
+            None => TrainOutput::new(self, loss.backward(), output),
+        }
+    }
+
+    fn optimize(
+        self,
+        optimizer: &mut ModuleOptimizer,
+        learning_rate: ModuleLearningRate,
+        grads: GradientsParams,
+    ) -> Self {
+        match self.in_backward().cloned() {
+            Some(in_backward) => in_backward
+                .step_deferred(optimizer, learning_rate, self)
+                .unwrap_or_else(|error| panic!("{error}")),
+            None => optimizer.step(learning_rate, self, grads),
+        }
     }
 }
 

@@ -91,7 +91,7 @@ impl FusedLinearCrossEntropyLoss {
         // `Linear` stores `[d_model, vocab]`; the op reads `[vocab, d_model]` (a view, no copy).
         let weight = head.weight.val().transpose();
         let bias = head.bias.as_ref().map(|bias| bias.val());
-        self.loss(hidden, weight, bias, targets)
+        self.try_forward_weights(hidden, weight, bias, targets)
     }
 
     /// The loss of logits `hidden · embeddingᵀ`: an LM head tied to the token embedding.
@@ -102,11 +102,14 @@ impl FusedLinearCrossEntropyLoss {
         embedding: &Embedding,
         targets: Tensor<T, Int>,
     ) -> Tensor<1> {
-        self.loss(hidden, embedding.weight.val(), None, targets)
+        self.try_forward_weights(hidden, embedding.weight.val(), None, targets)
             .unwrap_or_else(|error| panic!("{error}"))
     }
 
-    fn loss<const D: usize, const T: usize>(
+    /// The loss of logits `hidden · weightᵀ + bias` for a head the caller has read:
+    /// `weight` is `[vocab, d_model]` and `bias` `[vocab]` (for example routed through
+    /// [`crate::optim::InBackward`]).
+    pub fn try_forward_weights<const D: usize, const T: usize>(
         &self,
         hidden: Tensor<D>,
         weight: Tensor<2>,

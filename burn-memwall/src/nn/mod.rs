@@ -3,12 +3,16 @@
 //!
 //! - [`FlashMultiHeadAttention`]: Burn's multi-head attention on [`crate::ops::flash_attention`];
 //! - [`FusedLinearCrossEntropyLoss`]: an LM head's `Linear` + `CrossEntropyLoss` on
-//!   [`crate::ops::fused_linear_cross_entropy`].
+//!   [`crate::ops::fused_linear_cross_entropy`];
+//! - [`Routed`]: `burn::nn`'s linear, embedding and RMSNorm with their parameters updated during
+//!   backward by [`crate::optim::InBackward`].
 
 mod flash_mha;
 mod fused_linear_cross_entropy_loss;
+mod routed;
 
 pub use flash_mha::{FlashMhaError, FlashMhaInput, FlashMultiHeadAttention};
 pub use fused_linear_cross_entropy_loss::{
     FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig,
 };
+pub use routed::Routed;

@@ -1,0 +1,57 @@
+//! Burn's own layers, with their parameters read through an [`InBackward`] so that they are
+//! updated during backward: the opt-in for a model built from `burn::nn` layers, without
+//! changing the layers or the model's record.
+
+use burn::module::Param;
+use burn::nn::{Embedding, Linear, RmsNorm};
+use burn::prelude::*;
+use burn::tensor::DType;
+use burn::tensor::module::{embedding, linear};
+
+use crate::optim::InBackward;
+use crate::optim::in_backward::param_value;
+
+/// The forward passes of `burn::nn` layers, with each parameter anchored on the layer's input.
+/// With no [`InBackward`] they are exactly the layers' own `forward`.
+#[derive(Clone, Copy, Debug)]
+pub struct Routed<'a> {
+    in_backward: Option<&'a InBackward>,
+}
+
+impl<'a> Routed<'a> {
+    pub fn new(in_backward: Option<&'a InBackward>) -> Self {
+        Self { in_backward }
+    }
+
+    /// `param`'s value for a layer whose input is `anchor` (see [`InBackward::param`]).
+    pub fn param<const D: usize, const A: usize>(
+        &self,
+        param: &Param<Tensor<D>>,
+        anchor: &Tensor<A>,
+    ) -> Tensor<D> {
+        param_value(self.in_backward, param, anchor)
+    }
+
+    /// `layer.forward(x)`: `[..., d_input]` → `[..., d_output]`.
+    pub fn linear<const D: usize>(&self, layer: &Linear, x: Tensor<D>) -> Tensor<D> {
+        let weight = self.param(&layer.weight, &x);
+        let bias = layer.bias.as_ref().map(|bias| self.param(bias, &x));
+        linear(x, weight, bias)
+    }
+
+    /// `norm.forward(x)`: `[..., d_model]` → `[..., d_model]`, with the same arithmetic.
+    pub fn rms_norm<const D: usize>(&self, norm: &RmsNorm, x: Tensor<D>) -> Tensor<D> {
+        let gamma = self.param(&norm.gamma, &x);
+        let dtype = x.dtype();
+        let rms = (x.clone().cast(DType::F32).square().mean_dim(D - 1) + norm.epsilon).sqrt();
+        (x / rms.cast(dtype)) * gamma.unsqueeze()
+    }
+
+    /// `layer.forward(tokens)`: `[batch, seq]` ids → `[batch, seq, d_model]`. A first layer has
+    /// no float input to anchor on, so its weight anchors on itself and is updated last, when
+    /// its gradient is complete anyway.
+    pub fn embedding(&self, layer: &Embedding, tokens: Tensor<2, Int>) -> Tensor<3> {
+        let weight = self.param(&layer.weight, &layer.weight.val());
+        embedding(weight, tokens)
+    }
+}

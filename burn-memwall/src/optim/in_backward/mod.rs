@@ -1,0 +1,416 @@
+//! Optimizer steps inside `backward()`: each parameter is updated as soon as its gradient is
+//! complete, and the gradient is freed right away, so the pool of one gradient per parameter
+//! that standard training holds until `optimizer.step()` never forms (LOMO; PyTorch's
+//! "optimizer step in backward").
+//!
+//! [`InBackward`] decorates Burn's own [`ModuleOptimizer`]: whatever per-tensor optimizer it
+//! holds (AdamW, Adam, SGD with momentum, Lion, Muon, Adafactor, …), its parameter groups,
+//! per-group learning rates, per-tensor gradient clipping (`with_grad_clipping`, by value or by
+//! norm) and its record all work unchanged, because each in-backward update *is* a
+//! `ModuleOptimizer::step` over one parameter, seen at its path in the model.
+//!
+//! # How a model opts in
+//! In the forward pass, read each trained parameter through [`InBackward::param`] (or
+//! [`param_value`]) with the input of the layer that uses it as the *anchor*, instead of
+//! `param.val()`:
+//!
+//! ```ignore
+//! let weight = in_backward.param(&linear.weight, &x);
+//! let bias = linear.bias.as_ref().map(|b| in_backward.param(b, &x));
+//! let y = burn::tensor::module::linear(x, weight, bias);
+//! ```
+//!
+//! The anchor only sets *when* the update runs: right after the layer's own backward step. A
+//! parameter used twice (tied weights) is updated once, after both uses' gradients are summed.
+//! Then train with [`InBackward::step`] instead of `loss.backward()` + `optimizer.step(..)`.
+//! A parameter that is read with `val()` instead still trains, after backward, the standard way.
+//!
+//! # Memory
+//! [`InBackward::step`] takes the model by value and holds its parameters aside during
+//! backward. When a parameter's update runs, its old value is released before the new one is
+//! made, so the weights are never held twice; the extra memory of an update is that of one
+//! parameter (its gradient and the optimizer's temporaries). This needs the step to own the only
+//! handle on the weights: a clone of the model kept elsewhere (or burn-train's `Learner`, which
+//! keeps one while it optimizes) makes every update be written beside the old weights.
+//!
+//! # What cannot work in backward
+//! - Gradient accumulation: a parameter is updated as soon as one batch's gradient is complete,
+//!   so gradients of several batches are never summed. [`InBackward::defer`] rejects a second
+//!   batch before the first is stepped.
+//! - Clipping by the global norm of all gradients: the norm is known only once every gradient
+//!   exists, which is what this removes. (Burn 0.22's `GradientClipping` is per tensor.)
+//! - Distributed data parallel: the gradient never reaches the parameter, so Burn's all-reduce
+//!   of it never runs.
+
+mod hook;
+mod param_at_path;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use burn::backend::Dispatch;
+use burn::lr_scheduler::module_lr_scheduler::ModuleLearningRate;
+use burn::module::{Module, ModuleMapper, Param, ParamId};
+use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
+use burn::prelude::*;
+use burn::tensor::GradientCheckpointingStrategy;
+use burn::tensor::kind::BridgeTensor;
+
+use hook::{HookContext, ParamHookBackend};
+use param_at_path::ParamAtPath;
+
+/// Why an in-backward step could not run.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum InBackwardError {
+    #[error(
+        "the loss does not track gradients: build the model on an autodiff device (`device.autodiff()`)"
+    )]
+    NotDifferentiable,
+    #[error(
+        "gradient accumulation cannot work with InBackward: each parameter is updated as soon as \
+         one batch's gradient is complete, so the gradients of several batches are never summed; \
+         remove the accumulation (use a bigger batch instead)"
+    )]
+    GradientAccumulation,
+    #[error("no loss is waiting: call `InBackward::defer(loss)` in `TrainStep::step` first")]
+    NothingDeferred,
+    #[error(
+        "{0} parameter(s) were read through InBackward in the forward pass but are not in the \
+         model given to the step, so their updates would be lost"
+    )]
+    ForeignParameters(usize),
+}
+
+/// How the parameters of the last step were updated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepCounts {
+    /// Updated during backward, right after their last use's backward step.
+    pub in_backward: usize,
+    /// Updated after backward: parameters read with `val()` instead of [`InBackward::param`],
+    /// and parameters with a use whose gradient never came (it did not reach the loss).
+    pub after_backward: usize,
+}
+
+/// The decorator: a cheap, clonable handle that a model keeps (`#[module(skip)]`) to route its
+/// parameters, and that runs the training step. See the [module docs](self).
+#[derive(Clone, Default)]
+pub struct InBackward {
+    state: Arc<Mutex<StepState>>,
+}
+
+impl std::fmt::Debug for InBackward {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InBackward")
+    }
+}
+
+/// `param`'s value for a forward pass: through `in_backward` when there is one, else
+/// `param.val()`. For layers that train either way.
+pub fn param_value<const D: usize, const A: usize>(
+    in_backward: Option<&InBackward>,
+    param: &Param<Tensor<D>>,
+    anchor: &Tensor<A>,
+) -> Tensor<D> {
+    match in_backward {
+        Some(in_backward) => in_backward.param(param, anchor),
+        None => param.val(),
+    }
+}
+
+type UpdateFn = fn(&mut StepState, ParamId, BridgeTensor, BridgeTensor);
+
+/// The gradient summed so far over the uses of a parameter that has more uses to come.
+struct PartialGradient {
+    value: BridgeTensor,
+    gradient: BridgeTensor,
+    update: UpdateFn,
+}
+
+/// A parameter taken out of the model for the duration of backward.
+struct Parked {
+    /// The model's handle on the old value; dropped when the update runs.
+    value: Option<BridgeTensor>,
+    path: Vec<(String, String)>,
+    require_grad: bool,
+    checkpointing: Option<GradientCheckpointingStrategy>,
+}
+
+#[derive(Default)]
+struct StepState {
+    /// Hook nodes created in forward passes whose backward step has not run, per parameter.
+    uses: HashMap<ParamId, usize>,
+    partial: HashMap<ParamId, PartialGradient>,
+    parked: HashMap<ParamId, Parked>,
+    updated: HashMap<ParamId, BridgeTensor>,
+    /// Set only while [`InBackward::step`] runs backward.
+    optimizer: Option<(ModuleOptimizer, ModuleLearningRate)>,
+    deferred: Option<Tensor<1>>,
+    counts: StepCounts,
+}
+
+impl InBackward {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, StepState> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// `param`'s value for a forward pass, routed so that its update runs in the backward pass,
+    /// right after the backward step of the layer whose input is `anchor`.
+    ///
+    /// Outside training (the anchor does not track gradients) or for a frozen parameter this is
+    /// `param.val()`. A first layer with no float input anchors on the parameter itself.
+    pub fn param<const D: usize, const A: usize>(
+        &self,
+        param: &Param<Tensor<D>>,
+        anchor: &Tensor<A>,
+    ) -> Tensor<D> {
+        let value = param.val();
+        if !(value.is_require_grad() && anchor.is_autodiff()) {
+            return value;
+        }
+        *self.lock().uses.entry(param.id).or_default() += 1;
+        let context = HookContext {
+            id: param.id,
+            apply: apply_gradient::<D>,
+            owner: self.clone(),
+        };
+        Tensor::from_dispatch(Dispatch::param_hook(
+            value.into_dispatch(),
+            anchor.clone().into_dispatch(),
+            context,
+        ))
+    }
+
+    /// One training step: `loss.backward()` with every routed parameter updated by `optimizer`
+    /// during it, then the standard step for any parameter that still has a gradient. Returns
+    /// the updated model; no gradient is left anywhere.
+    pub fn step<M: Module, const D: usize>(
+        &self,
+        optimizer: &mut ModuleOptimizer,
+        learning_rate: impl Into<ModuleLearningRate>,
+        model: M,
+        loss: Tensor<D>,
+    ) -> Result<M, InBackwardError> {
+        if !loss.is_autodiff() {
+            return Err(InBackwardError::NotDifferentiable);
+        }
+        let learning_rate = learning_rate.into();
+        let mut state = self.lock();
+        state.counts = StepCounts::default();
+        let model = model.map(&mut Park {
+            state: &mut state,
+            path: Vec::new(),
+        });
+        // The hooks need the optimizer while `backward` runs; a stateless stand-in holds its
+        // place in the caller's hands meanwhile.
+        let placeholder = SgdConfig::new().init();
+        state.optimizer = Some((
+            std::mem::replace(optimizer, placeholder),
+            learning_rate.clone(),
+        ));
+        drop(state);
+        let grads = loss.backward();
+
+        let mut state = self.lock();
+        for (id, partial) in std::mem::take(&mut state.partial) {
+            (partial.update)(&mut state, id, partial.value, partial.gradient);
+            state.counts.after_backward += 1;
+        }
+        let (taken, _) = state.optimizer.take().expect("installed above");
+        *optimizer = taken;
+        let model = model.map(&mut Unpark { state: &mut state });
+        let foreign = state.updated.len();
+        let mut counts = state.counts;
+        *state = StepState::default();
+        drop(state);
+        if foreign > 0 {
+            return Err(InBackwardError::ForeignParameters(foreign));
+        }
+
+        let rest = GradientsParams::from_grads(grads, &model);
+        let model = if rest.is_empty() {
+            model
+        } else {
+            counts.after_backward += rest.len();
+            optimizer.step(learning_rate, model, rest)
+        };
+        self.lock().counts = counts;
+        Ok(model)
+    }
+
+    /// For burn-train's `TrainStep::step`: keeps `loss` for [`Self::step_deferred`], which
+    /// `TrainStep::optimize` calls. Return `GradientsParams::new()` as the step's gradients.
+    pub fn defer(&self, loss: Tensor<1>) -> Result<(), InBackwardError> {
+        let mut state = self.lock();
+        if state.deferred.is_some() {
+            return Err(InBackwardError::GradientAccumulation);
+        }
+        state.deferred = Some(loss);
+        Ok(())
+    }
+
+    /// For burn-train's `TrainStep::optimize`: [`Self::step`] on the loss kept by
+    /// [`Self::defer`]. The Learner's learning rate is the one this batch would get from a
+    /// standard `optimizer.step`.
+    pub fn step_deferred<M: Module>(
+        &self,
+        optimizer: &mut ModuleOptimizer,
+        learning_rate: impl Into<ModuleLearningRate>,
+        model: M,
+    ) -> Result<M, InBackwardError> {
+        let loss = self
+            .lock()
+            .deferred
+            .take()
+            .ok_or(InBackwardError::NothingDeferred)?;
+        self.step(optimizer, learning_rate, model, loss)
+    }
+
+    /// How the parameters of the last step were updated.
+    pub fn last_step(&self) -> StepCounts {
+        self.lock().counts
+    }
+
+    /// Whether a step is running backward, so that hooks apply updates instead of passing the
+    /// gradient on.
+    fn stepping(&self) -> bool {
+        self.lock().optimizer.is_some()
+    }
+}
+
+/// The hook's backward step: sums the gradient over the parameter's uses and, at the last one,
+/// updates the parameter.
+fn apply_gradient<const D: usize>(
+    owner: &InBackward,
+    id: ParamId,
+    value: BridgeTensor,
+    gradient: BridgeTensor,
+) {
+    let mut state = owner.lock();
+    let gradient = match state.partial.remove(&id) {
+        Some(partial) => (Tensor::<D>::from_bridge(partial.gradient)
+            + Tensor::<D>::from_bridge(gradient))
+        .into_bridge(),
+        None => gradient,
+    };
+    let uses = state.uses.entry(id).or_insert(1);
+    *uses -= 1;
+    if *uses > 0 {
+        let update = update::<D>;
+        state.partial.insert(
+            id,
+            PartialGradient {
+                value,
+                gradient,
+                update,
+            },
+        );
+        return;
+    }
+    state.uses.remove(&id);
+    update::<D>(&mut state, id, value, gradient);
+    state.counts.in_backward += 1;
+}
+
+/// Steps one parameter with the decorated optimizer: a `ModuleOptimizer::step` over a module
+/// holding only this parameter, at its path in the model.
+fn update<const D: usize>(
+    state: &mut StepState,
+    id: ParamId,
+    value: BridgeTensor,
+    gradient: BridgeTensor,
+) {
+    // Releasing the model's handle first leaves `value` as the only one on the old weights, so
+    // the optimizer's result can take their place instead of being made beside them.
+    let path = match state.parked.get_mut(&id) {
+        Some(parked) => {
+            parked.value = None;
+            parked.path.clone()
+        }
+        None => Vec::new(),
+    };
+    let (optimizer, learning_rate) = state
+        .optimizer
+        .as_mut()
+        .expect("updates run only while InBackward::step runs backward");
+    let mut gradients = GradientsParams::new();
+    gradients.register(id, Tensor::<D>::from_bridge(gradient));
+    let single = ParamAtPath {
+        path,
+        // `ModuleOptimizer` expects a model's parameter: an autodiff leaf, outside any graph.
+        param: Param::initialized(id, Tensor::<D>::from_bridge(value).autodiff()),
+    };
+    let stepped = optimizer.step(learning_rate.clone(), single, gradients);
+    let value = stepped.param.into_value().inner();
+    state.updated.insert(id, value.into_bridge());
+}
+
+/// Takes every parameter that has a pending hook out of the model, so that during backward the
+/// hook holds the only handle on its old value.
+struct Park<'a> {
+    state: &'a mut StepState,
+    path: Vec<(String, String)>,
+}
+
+impl ModuleMapper for Park<'_> {
+    fn enter_module(&mut self, name: &str, container_type: &str) {
+        self.path.push((name.into(), container_type.into()));
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        if !self.state.uses.contains_key(&param.id) {
+            return param;
+        }
+        let (id, value, mapper) = param.consume();
+        let placeholder = Tensor::<D>::zeros([1; D], &value.device());
+        self.state.parked.insert(
+            id,
+            Parked {
+                require_grad: value.is_require_grad(),
+                checkpointing: value.gradient_checkpointing_strategy(),
+                value: Some(value.into_bridge()),
+                path: self.path.clone(),
+            },
+        );
+        Param::from_mapped_value(id, placeholder, mapper)
+    }
+}
+
+/// Puts the parked parameters back: the updated value where there is one (with the parameter's
+/// autodiff settings), else the old one.
+struct Unpark<'a> {
+    state: &'a mut StepState,
+}
+
+impl ModuleMapper for Unpark<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let Some(parked) = self.state.parked.remove(&param.id) else {
+            return param;
+        };
+        let (id, _placeholder, mapper) = param.consume();
+        let value = match (self.state.updated.remove(&id), parked.value) {
+            (Some(updated), _) => {
+                let mut value = Tensor::<D>::from_inner(Tensor::from_bridge(updated));
+                if let Some(strategy) = parked.checkpointing {
+                    value = value.with_gradient_checkpointing_strategy(strategy);
+                }
+                if parked.require_grad {
+                    value = value.require_grad();
+                }
+                value
+            }
+            (None, Some(old)) => Tensor::from_bridge(old),
+            (None, None) => unreachable!("a parked value is released only by its update"),
+        };
+        Param::from_mapped_value(id, value, mapper)
+    }
+}

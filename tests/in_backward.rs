@@ -1,0 +1,299 @@
+//! The in-backward optimizer against Burn's `ModuleOptimizer` on the same model, seed and data:
+//! the same parameters after every step, for several optimizers, a learning-rate schedule,
+//! per-tensor clipping and a tied weight; no gradient left after backward; exact resume.
+
+mod common;
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::nn::{Linear, LinearConfig};
+use burn::optim::{
+    AdamWConfig, GradientsParams, LionConfig, ModuleOptimizer, SgdConfig, decay::WeightDecayConfig,
+    momentum::MomentumConfig,
+};
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn::tensor::module::linear;
+use burn_memwall::optim::{InBackward, InBackwardError, StepCounts, in_backward::param_value};
+use common::{assert_close, devices};
+
+/// Two tanh layers whose output is projected back through the first layer's weight (a tied
+/// weight: two uses, so two hooks whose gradients must be summed before its one update).
+#[derive(Module, Debug)]
+struct TiedNet {
+    first: Linear,
+    second: Linear,
+    /// Read with `val()` even when routed: trains after backward, the standard way.
+    scale: Param<Tensor<1>>,
+    #[module(skip)]
+    in_backward: Option<InBackward>,
+}
+
+const WIDTH: usize = 6;
+const HIDDEN: usize = 10;
+
+impl TiedNet {
+    fn new(device: &Device) -> Self {
+        Self {
+            first: LinearConfig::new(WIDTH, HIDDEN).init(device),
+            second: LinearConfig::new(HIDDEN, HIDDEN).init(device),
+            scale: Param::from_tensor(Tensor::ones([WIDTH], device)),
+            in_backward: None,
+        }
+    }
+
+    /// `[batch, WIDTH] → [batch, WIDTH]`
+    fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        let route = self.in_backward.as_ref();
+        let layer = |layer: &Linear, x: Tensor<2>| {
+            let weight = param_value(route, &layer.weight, &x);
+            let bias = layer.bias.as_ref().map(|b| param_value(route, b, &x));
+            linear(x, weight, bias).tanh()
+        };
+        let h = layer(&self.first, x);
+        let h = layer(&self.second, h);
+        let tied = param_value(route, &self.first.weight, &h);
+        h.matmul(tied.transpose()) * self.scale.val().unsqueeze()
+    }
+
+    fn loss(&self, x: Tensor<2>, y: Tensor<2>) -> Tensor<1> {
+        (self.forward(x) - y).powi_scalar(2).mean()
+    }
+}
+
+fn parameters<M: Module>(model: &M) -> Vec<TensorData> {
+    struct Collect(Vec<TensorData>);
+    impl ModuleVisitor for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0.push(param.val().into_data());
+        }
+    }
+    let mut collect = Collect(Vec::new());
+    model.visit(&mut collect);
+    collect.0
+}
+
+fn batch(step: usize, device: &Device) -> (Tensor<2>, Tensor<2>) {
+    device.seed(1000 + step as u64);
+    let x = Tensor::random([5, WIDTH], Distribution::Normal(0.0, 1.0), device);
+    let y = Tensor::random([5, WIDTH], Distribution::Normal(0.0, 1.0), device);
+    (x, y)
+}
+
+/// A decaying schedule, so that a learning rate applied one step late would show.
+fn learning_rate(step: usize) -> f64 {
+    0.05 / (1.0 + step as f64)
+}
+
+fn standard_step(
+    model: TiedNet,
+    optimizer: &mut ModuleOptimizer,
+    step: usize,
+    device: &Device,
+) -> TiedNet {
+    let (x, y) = batch(step, device);
+    let loss = model.loss(x, y);
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    optimizer.step(learning_rate(step), model, grads)
+}
+
+fn in_backward_step(
+    model: TiedNet,
+    optimizer: &mut ModuleOptimizer,
+    step: usize,
+    device: &Device,
+) -> TiedNet {
+    let (x, y) = batch(step, device);
+    let loss = model.loss(x, y);
+    let in_backward = model.in_backward.clone().expect("a routed model");
+    in_backward
+        .step(optimizer, learning_rate(step), model, loss)
+        .expect("an in-backward step")
+}
+
+fn optimizers() -> Vec<(&'static str, fn() -> ModuleOptimizer)> {
+    vec![
+        ("adamw", || {
+            AdamWConfig::new()
+                .with_weight_decay(0.1)
+                .with_grad_clipping(Some(burn::grad_clipping::GradientClippingConfig::Norm(0.5)))
+                .init()
+        }),
+        ("sgd+momentum", || {
+            SgdConfig::new()
+                .with_momentum(Some(MomentumConfig::new().with_nesterov(true)))
+                .with_weight_decay(Some(WeightDecayConfig::new(1e-3)))
+                .with_gradient_clipping(Some(burn::grad_clipping::GradientClippingConfig::Value(
+                    0.05,
+                )))
+                .init()
+        }),
+        ("lion", || LionConfig::new().with_weight_decay(0.05).init()),
+    ]
+}
+
+#[test]
+fn same_parameters_as_module_optimizer_after_every_step() {
+    const STEPS: usize = 4;
+    for device in devices() {
+        let device = device.autodiff();
+        for (name, make_optimizer) in optimizers() {
+            device.seed(7);
+            let initial = TiedNet::new(&device);
+            let (mut standard, mut routed) = (initial.clone(), initial);
+            routed.in_backward = Some(InBackward::new());
+            let (mut standard_optim, mut routed_optim) = (make_optimizer(), make_optimizer());
+            for step in 0..STEPS {
+                standard = standard_step(standard, &mut standard_optim, step, &device);
+                routed = in_backward_step(routed, &mut routed_optim, step, &device);
+                let context = (name, step, &device);
+                for (got, want) in parameters(&routed).into_iter().zip(parameters(&standard)) {
+                    assert_close("parameter", &context, 1e-5, got, want);
+                }
+                let counts = routed.in_backward.as_ref().unwrap().last_step();
+                // first.{weight, bias} and second.{weight, bias} in backward; `scale` after.
+                assert_eq!(
+                    counts,
+                    StepCounts {
+                        in_backward: 4,
+                        after_backward: 1
+                    },
+                    "{context:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn resuming_from_saved_records_continues_exactly() {
+    const STEPS: usize = 4;
+    const SAVED_AT: usize = 2;
+    let device = Device::flex().autodiff();
+    let make_optimizer = || AdamWConfig::new().with_weight_decay(0.1).init();
+    device.seed(11);
+    let mut model = TiedNet::new(&device);
+    model.in_backward = Some(InBackward::new());
+    let mut optimizer = make_optimizer();
+    let mut saved = None;
+    for step in 0..STEPS {
+        if step == SAVED_AT {
+            saved = Some((
+                model.clone().into_record(),
+                optimizer.into_bytes().expect("optimizer bytes"),
+            ));
+        }
+        model = in_backward_step(model, &mut optimizer, step, &device);
+    }
+
+    let (model_record, optimizer_bytes) = saved.unwrap();
+    device.seed(999); // other initial weights: everything must come from the records
+    let mut resumed = TiedNet::new(&device).load_record(model_record);
+    resumed.in_backward = Some(InBackward::new());
+    let mut resumed_optimizer = make_optimizer()
+        .from_bytes(optimizer_bytes)
+        .expect("optimizer record");
+    for step in SAVED_AT..STEPS {
+        resumed = in_backward_step(resumed, &mut resumed_optimizer, step, &device);
+    }
+    for (got, want) in parameters(&resumed).into_iter().zip(parameters(&model)) {
+        got.assert_eq(&want, true);
+    }
+}
+
+#[test]
+fn a_plain_backward_through_routed_parameters_gives_standard_gradients() {
+    let device = Device::flex().autodiff();
+    device.seed(3);
+    let mut routed = TiedNet::new(&device);
+    routed.in_backward = Some(InBackward::new());
+    let mut standard = routed.clone();
+    standard.in_backward = None;
+    let (x, y) = batch(0, &device);
+    let routed_grads =
+        GradientsParams::from_grads(routed.loss(x.clone(), y.clone()).backward(), &routed);
+    let standard_grads = GradientsParams::from_grads(standard.loss(x, y).backward(), &standard);
+    assert_eq!(routed_grads.len(), 5);
+    let weight = standard.first.weight.id;
+    assert_close(
+        "tied weight gradient",
+        &"plain backward",
+        1e-6,
+        routed_grads.get::<2>(weight).unwrap().into_data(),
+        standard_grads.get::<2>(weight).unwrap().into_data(),
+    );
+}
+
+#[test]
+fn misuse_is_a_clear_error() {
+    let device = Device::flex().autodiff();
+    let in_backward = InBackward::new();
+    let mut model = TiedNet::new(&device);
+    model.in_backward = Some(in_backward.clone());
+    let (x, y) = batch(0, &device);
+
+    let no_graph = model.loss(x.clone().inner(), y.clone().inner()).inner();
+    assert_eq!(
+        in_backward
+            .step(&mut SgdConfig::new().init(), 0.1, model.clone(), no_graph)
+            .unwrap_err(),
+        InBackwardError::NotDifferentiable
+    );
+
+    assert_eq!(
+        in_backward
+            .step_deferred(&mut SgdConfig::new().init(), 0.1, model.clone())
+            .unwrap_err(),
+        InBackwardError::NothingDeferred
+    );
+    in_backward.defer(model.loss(x.clone(), y.clone())).unwrap();
+    assert_eq!(
+        in_backward
+            .defer(model.loss(x.clone(), y.clone()))
+            .unwrap_err(),
+        InBackwardError::GradientAccumulation
+    );
+    in_backward
+        .step_deferred(&mut SgdConfig::new().init(), 0.1, model.clone())
+        .unwrap();
+
+    // The routed parameters live in `model`; stepping another model would lose their updates.
+    let loss = model.loss(x, y);
+    let stranger = TiedNet::new(&device);
+    assert_eq!(
+        in_backward
+            .step(&mut SgdConfig::new().init(), 0.1, stranger, loss)
+            .unwrap_err(),
+        InBackwardError::ForeignParameters(4)
+    );
+}
+
+/// The reference LM routed through `InBackward` (tied embedding: read by the lookup and by the
+/// head) trains exactly as with Burn's AdamW step.
+#[test]
+fn the_language_model_trains_the_same_in_backward() {
+    use burn_memwall_models::lm::LmConfig;
+    let device = Device::flex().autodiff();
+    let config = LmConfig::new(64, 16, 2, 2, 2, 32, 16);
+    device.seed(5);
+    let mut standard = config.init(&device).unwrap();
+    let in_backward = InBackward::new();
+    let mut routed = standard.clone().with_in_backward(Some(in_backward.clone()));
+    let tokens = Tensor::<2, Int>::from_ints([[1, 2, 3, 4], [5, 6, 7, 8]], &device);
+    let targets = Tensor::<2, Int>::from_ints([[2, 3, 4, 5], [6, 7, 8, 9]], &device);
+    let (mut standard_optim, mut routed_optim) =
+        (AdamWConfig::new().init(), AdamWConfig::new().init());
+    for step in 0..3 {
+        let loss = standard.loss(tokens.clone(), targets.clone());
+        let grads = GradientsParams::from_grads(loss.backward(), &standard);
+        standard = standard_optim.step(learning_rate(step), standard, grads);
+        let loss = routed.loss(tokens.clone(), targets.clone());
+        routed = in_backward
+            .step(&mut routed_optim, learning_rate(step), routed, loss)
+            .unwrap();
+        let counts = in_backward.last_step();
+        assert_eq!((counts.after_backward, counts.in_backward), (0, 20));
+        for (got, want) in parameters(&routed).into_iter().zip(parameters(&standard)) {
+            assert_close("parameter", &step, 1e-6, got, want);
+        }
+    }
+}
