@@ -10,7 +10,10 @@
 //! - [`ops`]: the memory-lean ops, each a custom Burn op with a handwritten backward (flash
 //!   attention, fused linear + cross-entropy);
 //! - [`nn`]: drop-in layers built on them ([`nn::FlashMultiHeadAttention`],
-//!   [`nn::FusedLinearCrossEntropyLoss`]).
+//!   [`nn::FusedLinearCrossEntropyLoss`]) and [`nn::Routed`], `burn::nn`'s layers trained by
+//!   [`optim::InBackward`];
+//! - [`optim`]: [`optim::InBackward`], any `ModuleOptimizer`'s step applied during backward, so
+//!   that no gradient pool forms.
 
 pub mod device;
 pub mod memory;
