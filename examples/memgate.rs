@@ -88,6 +88,8 @@ struct Row {
     optimizer_state_bytes: u64,
     gradient_bytes: u64,
     activation_and_workspace_bytes: u64,
+    /// What the forward pass left alive for backward (measured).
+    saved_activation_bytes: u64,
     tokens_per_s: f64,
     loss: f32,
 }
@@ -152,7 +154,7 @@ fn run_all(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
 
 fn print_table(rows: &[Row]) {
     println!(
-        "{:<15} {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
+        "{:<24} {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
         "stack",
         "device",
         "peak",
@@ -161,12 +163,13 @@ fn print_table(rows: &[Row]) {
         "optim",
         "grads",
         "acts+work",
+        "fwd saved",
         "tokens/s",
         "loss"
     );
     for r in rows {
         println!(
-            "{:<15} {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10.0} {:>8.4}",
+            "{:<24} {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10.0} {:>8.4}",
             r.stack,
             r.device,
             human_bytes(r.peak_bytes),
@@ -175,6 +178,7 @@ fn print_table(rows: &[Row]) {
             human_bytes(r.optimizer_state_bytes),
             human_bytes(r.gradient_bytes),
             human_bytes(r.activation_and_workspace_bytes),
+            human_bytes(r.saved_activation_bytes),
             r.tokens_per_s,
             r.loss
         );
@@ -232,6 +236,7 @@ fn run_stack(args: &Args, stack: &str) -> Result<Row, Box<dyn std::error::Error>
         optimizer_state_bytes: pools.optimizer_state,
         gradient_bytes: pools.gradients,
         activation_and_workspace_bytes: pools.activations_and_workspace,
+        saved_activation_bytes: measured.saved_activations,
         tokens_per_s: measured.tokens_per_s,
         loss: measured.loss,
     })

@@ -90,6 +90,9 @@ struct Args {
     /// Continue the run in `--artifacts` from its last complete checkpoint.
     #[arg(long)]
     resume: bool,
+    /// Apply AdamW during backward, so that no gradient pool forms (same updates).
+    #[arg(long)]
+    in_backward: bool,
     /// Print the named model sizes with their parameter counts and exit.
     #[arg(long)]
     list_models: bool,
@@ -130,6 +133,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .with_epochs(args.epochs)
         .with_max_steps_per_epoch(args.steps_per_epoch)
         .with_learning_rate(args.lr)
+        .with_in_backward(args.in_backward)
         .with_seed(args.seed);
     println!(
         "model {} ({} parameters, vocab {}), {} tokens, device {}",

@@ -115,6 +115,58 @@ fn loss_falls_well_below_uniform_and_resume_continues_exactly() {
     }
 }
 
+/// AdamW applied during backward trains through the Learner exactly as the standard step does,
+/// and its run resumes exactly from the Learner's checkpoints (the optimizer record is the same).
+#[test]
+fn in_backward_training_matches_adamw_and_resumes_exactly() {
+    let device = Device::flex();
+    let in_backward = |epochs| {
+        let mut config = run_config(epochs);
+        config.training.in_backward = true;
+        config
+    };
+    let standard_dir = common::temp_dir();
+    let standard = run(
+        &run_config(2),
+        &device,
+        &Artifacts::new(standard_dir.path()),
+        false,
+    )
+    .unwrap();
+    let dir = common::temp_dir();
+    let artifacts = Artifacts::new(dir.path());
+    let first = run(&in_backward(2), &device, &artifacts, false).unwrap();
+    let counts = first
+        .model
+        .in_backward()
+        .expect("the run trained in backward")
+        .last_step();
+    assert!(
+        counts.in_backward == parameters(&first.model).len() && counts.after_backward == 0,
+        "{counts:?}"
+    );
+    for ((got_train, got_valid), (want_train, want_valid)) in
+        losses(&first).into_iter().zip(losses(&standard))
+    {
+        assert!(
+            (got_train - want_train).abs() <= 1e-5 * want_train
+                && (got_valid - want_valid).abs() <= 1e-5 * want_valid,
+            "in backward ({got_train}, {got_valid}) vs standard ({want_train}, {want_valid})"
+        );
+    }
+
+    let uninterrupted_dir = common::temp_dir();
+    let uninterrupted = run(
+        &in_backward(3),
+        &device,
+        &Artifacts::new(uninterrupted_dir.path()),
+        false,
+    )
+    .unwrap();
+    let resumed = run(&in_backward(3), &device, &artifacts, true).unwrap();
+    assert_eq!(losses(&resumed), losses(&uninterrupted)[2..]);
+}
+
 /// Every parameter's values, in visiting order.
 fn parameters(model: &LanguageModel) -> Vec<TensorData> {
     struct Collect(Vec<TensorData>);

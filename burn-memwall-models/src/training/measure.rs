@@ -9,7 +9,7 @@ use burn_memwall::memory::{MemoryMeter, PoolBreakdown};
 use burn_memwall::optim::InBackward;
 
 use crate::Error;
-use crate::data::{LmBatch, LmBatcher};
+use crate::data::LmBatcher;
 use crate::lm::{LanguageModel, LmConfig};
 
 /// Which optimizer updates the model, and when.
@@ -43,6 +43,9 @@ pub struct StepMeasurement {
     /// (all alive before the optimizer step), or in backward the largest parameter's (one at a
     /// time); `persistent` is measured after the last step.
     pub pools: PoolBreakdown,
+    /// What the forward pass leaves alive for the backward pass (saved activations and the
+    /// graph), measured at the loss: the most over the steps.
+    pub saved_activations: u64,
     /// Tokens per second over every step but the first (a warm-up).
     pub tokens_per_s: f64,
     /// Loss of the last step.
@@ -92,22 +95,27 @@ pub fn measure_steps(
     let mut model = config
         .init(&train_device)?
         .with_in_backward(optimizer.in_backward());
+    let largest = initialize_parameters(&model);
     let gradient_bytes = match optimizer {
         StepOptimizer::AdamW => model.num_params(),
-        _ => largest_parameter(&model),
+        _ => largest,
     } as u64
         * size_of::<f32>() as u64;
     let mut optimizer = optimizer.init();
     let parameter_bytes = (model.num_params() * size_of::<f32>()) as u64;
 
-    let (mut peak, mut timed_seconds, mut loss) = (0u64, 0.0f64, f32::NAN);
+    let (mut peak, mut saved_activations) = (0u64, 0u64);
+    let (mut timed_seconds, mut loss) = (0.0f64, f32::NAN);
     for step in 0..steps {
         let first = (step * batch_size) % (windows.len() - batch_size + 1);
         let batch = LmBatcher::batch_windows(&windows[first..first + batch_size], &train_device);
         meter.reset_peak();
         let started = Instant::now();
-        let step_loss;
-        (model, step_loss) = train_step(model, &mut optimizer, batch, learning_rate);
+        let before_forward = meter.live_bytes();
+        let step_loss = model.loss(batch.inputs, batch.targets);
+        saved_activations =
+            saved_activations.max(meter.live_bytes().saturating_sub(before_forward));
+        model = update(model, &mut optimizer, step_loss.clone(), learning_rate);
         loss = step_loss.into_scalar::<f32>();
         // The loss is ready before the backward pass and the update are: wait for them too.
         device
@@ -128,6 +136,7 @@ pub fn measure_steps(
     let seq_len = windows[0].len() - 1;
     Ok(StepMeasurement {
         pools: PoolBreakdown::new(peak, parameter_bytes, optimizer_state, gradient_bytes),
+        saved_activations,
         tokens_per_s: ((steps - 1) * batch_size * seq_len) as f64 / timed_seconds,
         loss,
     })
@@ -147,37 +156,38 @@ fn warm_up_runtime(
     let model = config
         .init(device)?
         .with_in_backward(optimizer.in_backward());
-    train_step(model, &mut optimizer.init(), batch, 1e-3);
+    let loss = model.loss(batch.inputs, batch.targets);
+    update(model, &mut optimizer.init(), loss, 1e-3);
     Ok(())
 }
 
-/// One step: loss, backward and update (during backward when the model is routed through an
-/// [`InBackward`]). Returns the updated model and the loss.
-fn train_step(
+/// Backward and update (during backward when the model is routed through an [`InBackward`]).
+fn update(
     model: LanguageModel,
     optimizer: &mut ModuleOptimizer,
-    batch: LmBatch,
+    loss: Tensor<1>,
     learning_rate: f64,
-) -> (LanguageModel, Tensor<1>) {
-    let loss = model.loss(batch.inputs, batch.targets);
-    let model = match model.in_backward().cloned() {
+) -> LanguageModel {
+    match model.in_backward().cloned() {
         Some(in_backward) => in_backward
-            .step(optimizer, learning_rate, model, loss.clone())
+            .step(optimizer, learning_rate, model, loss)
             .expect("a model on an autodiff device"),
         None => {
-            let grads = GradientsParams::from_grads(loss.clone().backward(), &model);
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
             optimizer.step(learning_rate, model, grads)
         }
-    };
-    (model, loss)
+    }
 }
 
-/// Elements of the model's largest parameter.
-fn largest_parameter(model: &LanguageModel) -> usize {
+/// Draws every parameter's initial value now, in the model's own order, and returns the
+/// elements of the largest. Burn initializes parameters lazily, at their first read: left to the
+/// first forward pass, the draw order (and so the weights) would depend on the stack, and the
+/// first step would count the weights as activations.
+fn initialize_parameters(model: &LanguageModel) -> usize {
     struct Largest(usize);
     impl ModuleVisitor for Largest {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.0 = self.0.max(param.shape().num_elements());
+            self.0 = self.0.max(param.val().shape().num_elements());
         }
     }
     let mut largest = Largest(0);

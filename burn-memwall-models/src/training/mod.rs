@@ -15,6 +15,7 @@ use burn::optim::AdamWConfig;
 use burn::prelude::*;
 use burn::train::metric::LossMetric;
 use burn::train::{ExecutionStrategy, Learner, SupervisedTraining};
+use burn_memwall::optim::InBackward;
 
 pub use loader::EpochLoader;
 pub use measure::{StepMeasurement, StepOptimizer, measure_steps};
@@ -46,6 +47,10 @@ pub struct TrainingConfig {
     /// AdamW decoupled weight decay.
     #[config(default = 0.01)]
     pub weight_decay: f32,
+    /// Apply AdamW during backward ([`burn_memwall::optim::InBackward`]): the same updates,
+    /// without a gradient pool.
+    #[config(default = false)]
+    pub in_backward: bool,
     /// Seeds the weights and the data order.
     #[config(default = 42)]
     pub seed: u64,
@@ -185,7 +190,9 @@ pub fn train(
     }
 
     device.seed(training.seed);
-    let model = model_config.init(&device.clone().autodiff())?;
+    let model = model_config
+        .init(&device.clone().autodiff())?
+        .with_in_backward(training.in_backward.then(InBackward::new));
     let train_loader = DataLoaderBuilder::new(LmBatcher)
         .batch_size(training.batch_size)
         .shuffle(training.seed)

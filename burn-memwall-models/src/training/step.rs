@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use burn::lr_scheduler::module_lr_scheduler::ModuleLearningRate;
-use burn::optim::{GradientsParams, ModuleOptimizer};
+use burn::optim::{GradientsParams, ModuleOptimizer, MultiGradientsParams};
 use burn::prelude::*;
 use burn::tensor::{ExecutionError, TensorReadError};
 use burn::train::metric::{
@@ -79,6 +79,20 @@ impl TrainStep for LanguageModel {
                 .unwrap_or_else(|error| panic!("{error}")),
             None => optimizer.step(learning_rate, self, grads),
         }
+    }
+
+    fn optimize_multi(
+        self,
+        optimizer: &mut ModuleOptimizer,
+        learning_rate: ModuleLearningRate,
+        grads: MultiGradientsParams,
+    ) -> Self {
+        assert!(
+            self.in_backward().is_none(),
+            "in-backward updates cannot train on several devices: each device would update its \
+             own copy from its own gradients, which are never summed; train on one device"
+        );
+        optimizer.step_multi(learning_rate, self, grads)
     }
 }
 
