@@ -90,7 +90,10 @@ struct Args {
     /// Continue the run in `--artifacts` from its last complete checkpoint.
     #[arg(long)]
     resume: bool,
-    /// Apply AdamW during backward, so that no gradient pool forms (same updates).
+    /// Apply AdamW during backward (the same updates, no gradient pool). Through burn-train's
+    /// Learner this does not lower the peak yet: the Learner keeps its own handle on the
+    /// weights while it optimizes, so each new weight is made beside the old one.
+    /// `memgate --stacks in-backward` measures the saving in a plain training loop.
     #[arg(long)]
     in_backward: bool,
     /// Print the named model sizes with their parameter counts and exit.

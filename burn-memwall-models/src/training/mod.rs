@@ -48,7 +48,9 @@ pub struct TrainingConfig {
     #[config(default = 0.01)]
     pub weight_decay: f32,
     /// Apply AdamW during backward ([`burn_memwall::optim::InBackward`]): the same updates,
-    /// without a gradient pool.
+    /// without a gradient pool. The Learner keeps its own handle on the weights while it
+    /// optimizes, so here each new weight is made beside the old one and the peak does not
+    /// fall yet (see the `InBackward` docs).
     #[config(default = false)]
     pub in_backward: bool,
     /// Seeds the weights and the data order.
