@@ -11,7 +11,6 @@ use burn::optim::{
     momentum::MomentumConfig,
 };
 use burn::prelude::*;
-use burn::tensor::Distribution;
 use burn::tensor::module::linear;
 use burn_memwall::optim::{InBackward, InBackwardError, StepCounts, in_backward::param_value};
 use common::{assert_close, devices};
@@ -72,11 +71,17 @@ fn parameters<M: Module>(model: &M) -> Vec<TensorData> {
     collect.0
 }
 
+/// The step's batch, computed on the host: the device RNG is shared by the tests running in
+/// parallel, so a seeded draw could be interleaved with another test's.
 fn batch(step: usize, device: &Device) -> (Tensor<2>, Tensor<2>) {
-    device.seed(1000 + step as u64);
-    let x = Tensor::random([5, WIDTH], Distribution::Normal(0.0, 1.0), device);
-    let y = Tensor::random([5, WIDTH], Distribution::Normal(0.0, 1.0), device);
-    (x, y)
+    let values = |salt: f32| -> Vec<f32> {
+        (0..5 * WIDTH)
+            .map(|i| ((i as f32 + 1.0) * (step as f32 + salt)).sin())
+            .collect()
+    };
+    let tensor =
+        |salt| Tensor::<1>::from_floats(values(salt).as_slice(), device).reshape([5, WIDTH]);
+    (tensor(1.3), tensor(2.9))
 }
 
 /// A decaying schedule, so that a learning rate applied one step late would show.
@@ -220,6 +225,16 @@ fn a_plain_backward_through_routed_parameters_gives_standard_gradients() {
         1e-6,
         routed_grads.get::<2>(weight).unwrap().into_data(),
         standard_grads.get::<2>(weight).unwrap().into_data(),
+    );
+
+    // The plain backward pass used up its hooks: the next step updates during backward.
+    let routed = in_backward_step(routed, &mut SgdConfig::new().init(), 1, &device);
+    assert_eq!(
+        routed.in_backward.unwrap().last_step(),
+        StepCounts {
+            in_backward: 4,
+            after_backward: 1
+        }
     );
 }
 

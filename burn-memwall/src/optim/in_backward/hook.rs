@@ -63,6 +63,7 @@ where
         if !context.owner.stepping() {
             // A plain `loss.backward()`: the identity's backward, so the parameter gets its
             // gradient and a standard optimizer step can use it.
+            context.owner.release_use(context.id);
             if let Some(parent) = &ops.parents[0] {
                 grads.register::<B>(parent.id, gradient);
             }

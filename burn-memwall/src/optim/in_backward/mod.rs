@@ -164,6 +164,11 @@ impl InBackward {
     ///
     /// Outside training (the anchor does not track gradients) or for a frozen parameter this is
     /// `param.val()`. A first layer with no float input anchors on the parameter itself.
+    ///
+    /// Each call counts a use that the parameter's update waits for. A forward pass under
+    /// autodiff that is dropped without a backward pass leaves its uses counted until the next
+    /// [`Self::step`] ends, which then updates those parameters after backward instead of
+    /// during it: evaluate on `model.valid()` (no autodiff) instead.
     pub fn param<const D: usize, const A: usize>(
         &self,
         param: &Param<Tensor<D>>,
@@ -280,6 +285,17 @@ impl InBackward {
     /// gradient on.
     fn stepping(&self) -> bool {
         self.lock().optimizer.is_some()
+    }
+
+    /// A hook's backward ran outside a step: its use is over.
+    fn release_use(&self, id: ParamId) {
+        let mut state = self.lock();
+        if let Some(uses) = state.uses.get_mut(&id) {
+            *uses -= 1;
+            if *uses == 0 {
+                state.uses.remove(&id);
+            }
+        }
     }
 }
 
