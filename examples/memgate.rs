@@ -8,7 +8,8 @@
 //! or pool peaks. Stacks: `baseline` (Burn attention, full logits + `CrossEntropyLoss`, AdamW),
 //! `flash-attention` (the same with burn-memwall's flash attention), `fused-loss` (the same with
 //! the fused linear + cross-entropy), `flash+fused` (both), `in-backward` (the baseline with
-//! AdamW applied during backward), `in-backward-sgd` (plain SGD during backward) and
+//! AdamW applied during backward), `in-backward-sgd` (plain SGD during backward),
+//! `in-backward-fused` (burn-memwall's in-place AdamW during backward) and
 //! `flash+fused+in-backward`; each burn-memwall part adds its own row.
 
 use burn_memwall::DeviceChoice;
@@ -63,13 +64,14 @@ struct Args {
 }
 
 /// Every stack memgate knows, in the order they are reported.
-const STACKS: [&str; 7] = [
+const STACKS: [&str; 8] = [
     "baseline",
     "flash-attention",
     "fused-loss",
     "flash+fused",
     "in-backward",
     "in-backward-sgd",
+    "in-backward-fused",
     "flash+fused+in-backward",
 ];
 
@@ -213,6 +215,8 @@ fn run_stack(args: &Args, stack: &str) -> Result<Row, Box<dyn std::error::Error>
         .collect();
     let optimizer = if stack.ends_with("in-backward-sgd") {
         StepOptimizer::InBackwardSgd
+    } else if stack.ends_with("in-backward-fused") {
+        StepOptimizer::InBackwardFusedAdamW
     } else if stack.ends_with("in-backward") {
         StepOptimizer::InBackwardAdamW
     } else {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::{Module, Param};
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::{
     AdamWConfig, GradientsParams, LionConfig, ModuleOptimizer, SgdConfig, decay::WeightDecayConfig,
@@ -13,7 +13,7 @@ use burn::optim::{
 use burn::prelude::*;
 use burn::tensor::module::linear;
 use burn_memwall::optim::{InBackward, InBackwardError, StepCounts, in_backward::param_value};
-use common::{assert_close, devices};
+use common::{assert_close, devices, parameters};
 
 /// Two tanh layers whose output is projected back through the first layer's weight (a tied
 /// weight: two uses, so two hooks whose gradients must be summed before its one update).
@@ -57,18 +57,6 @@ impl TiedNet {
     fn loss(&self, x: Tensor<2>, y: Tensor<2>) -> Tensor<1> {
         (self.forward(x) - y).powi_scalar(2).mean()
     }
-}
-
-fn parameters<M: Module>(model: &M) -> Vec<TensorData> {
-    struct Collect(Vec<TensorData>);
-    impl ModuleVisitor for Collect {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.0.push(param.val().into_data());
-        }
-    }
-    let mut collect = Collect(Vec::new());
-    model.visit(&mut collect);
-    collect.0
 }
 
 /// The step's batch, computed on the host: the device RNG is shared by the tests running in

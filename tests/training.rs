@@ -4,12 +4,11 @@ mod common;
 
 use std::sync::Mutex;
 
-use burn::module::{Module, ModuleVisitor, Param};
 use burn::prelude::*;
 use burn_memwall_models::Error;
 use burn_memwall_models::checkpoint::{load_safetensors, save_safetensors};
 use burn_memwall_models::data::{DEFAULT_CORPUS, TextTokenizer};
-use burn_memwall_models::lm::{LanguageModel, LmConfig};
+use burn_memwall_models::lm::LmConfig;
 use burn_memwall_models::training::{Artifacts, RunConfig, TrainReport, TrainingConfig, train};
 
 /// The RNG that seeds model weights is global per backend: training runs take turns so each
@@ -142,7 +141,7 @@ fn in_backward_training_matches_adamw_and_resumes_exactly() {
         .expect("the run trained in backward")
         .last_step();
     assert!(
-        counts.in_backward == parameters(&first.model).len() && counts.after_backward == 0,
+        counts.in_backward == common::parameters(&first.model).len() && counts.after_backward == 0,
         "{counts:?}"
     );
     for ((got_train, got_valid), (want_train, want_valid)) in
@@ -167,19 +166,6 @@ fn in_backward_training_matches_adamw_and_resumes_exactly() {
     assert_eq!(losses(&resumed), losses(&uninterrupted)[2..]);
 }
 
-/// Every parameter's values, in visiting order.
-fn parameters(model: &LanguageModel) -> Vec<TensorData> {
-    struct Collect(Vec<TensorData>);
-    impl ModuleVisitor for Collect {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.0.push(param.val().into_data());
-        }
-    }
-    let mut collect = Collect(Vec::new());
-    model.visit(&mut collect);
-    collect.0
-}
-
 #[test]
 fn safetensors_export_round_trips_bit_exactly() {
     for device in common::devices() {
@@ -191,13 +177,13 @@ fn safetensors_export_round_trips_bit_exactly() {
         device.seed(2);
         let fresh = model_config().init(&device).unwrap();
         assert_ne!(
-            parameters(&fresh)[0],
-            parameters(&original)[0],
+            common::parameters(&fresh)[0],
+            common::parameters(&original)[0],
             "different seeds, different weights"
         );
 
         let loaded = load_safetensors(fresh, &path).unwrap();
-        let (want, got) = (parameters(&original), parameters(&loaded));
+        let (want, got) = (common::parameters(&original), common::parameters(&loaded));
         assert_eq!(want.len(), got.len());
         for (w, g) in want.iter().zip(&got) {
             assert_eq!(

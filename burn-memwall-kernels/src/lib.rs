@@ -6,8 +6,10 @@
 //! wrap the kernels as custom Burn operations with handwritten backward passes.
 //!
 //! - [`flash_attention`]: forward with log-sum-exp, and the FlashAttention-2 backward;
-//! - [`cross_entropy`]: loss, log-sum-exp and gradient of rows of LM-head logits.
+//! - [`cross_entropy`]: loss, log-sum-exp and gradient of rows of LM-head logits;
+//! - [`adamw`]: the AdamW update of a parameter and its moments, in place.
 
+pub mod adamw;
 pub mod cross_entropy;
 pub mod flash_attention;
 mod softcap;

@@ -75,3 +75,17 @@ pub fn peak_of(device: &Device, work: impl FnOnce()) -> u64 {
     work();
     meter.peak_bytes() - before
 }
+
+/// Every parameter's values, in the module's visiting order.
+pub fn parameters<M: burn::module::Module>(model: &M) -> Vec<TensorData> {
+    use burn::module::{ModuleVisitor, Param};
+    struct Collect(Vec<TensorData>);
+    impl ModuleVisitor for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0.push(param.val().into_data());
+        }
+    }
+    let mut collect = Collect(Vec::new());
+    model.visit(&mut collect);
+    collect.0
+}

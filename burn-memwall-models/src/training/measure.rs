@@ -6,7 +6,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::prelude::*;
 use burn_memwall::memory::{MemoryMeter, PoolBreakdown};
-use burn_memwall::optim::InBackward;
+use burn_memwall::optim::{FusedAdamWConfig, InBackward};
 
 use crate::Error;
 use crate::data::LmBatcher;
@@ -19,6 +19,8 @@ pub enum StepOptimizer {
     AdamW,
     /// AdamW applied during backward by [`InBackward`].
     InBackwardAdamW,
+    /// burn-memwall's in-place [`FusedAdamW`] applied during backward.
+    InBackwardFusedAdamW,
     /// Plain SGD (no state) applied during backward by [`InBackward`].
     InBackwardSgd,
 }
@@ -27,6 +29,7 @@ impl StepOptimizer {
     fn init(self) -> ModuleOptimizer {
         match self {
             Self::AdamW | Self::InBackwardAdamW => AdamWConfig::new().init(),
+            Self::InBackwardFusedAdamW => FusedAdamWConfig::new().init(),
             Self::InBackwardSgd => SgdConfig::new().init(),
         }
     }

@@ -1,6 +1,7 @@
 //! Custom ops: one folder per op (its public function, its backend extension, the Flex path,
 //! the wiring of its CubeCL kernels and its handwritten backward).
 
+pub mod adamw_update;
 pub mod flash_attention;
 mod flex;
 pub mod fused_linear_cross_entropy;

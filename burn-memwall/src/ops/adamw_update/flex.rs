@@ -1,0 +1,69 @@
+//! The Flex path: one rayon pass over the four tensors, writing the parameter and the moments
+//! in place when they are unique (a copy first when they are shared or strided).
+
+use burn::backend::Flex;
+use burn::backend::ops::FloatTensorOps;
+use burn::backend::tensor::FloatTensor;
+use burn::tensor::DType;
+use rayon::prelude::*;
+
+use super::AdamWStep;
+
+/// Elements per rayon task: large enough that scheduling is noise next to the arithmetic.
+const CHUNK: usize = 1 << 14;
+
+/// A contiguous f32 tensor holding `t`'s values (`t` itself when it already is one).
+fn contiguous_f32(t: FloatTensor<Flex>) -> FloatTensor<Flex> {
+    let t = match t.dtype() {
+        DType::F32 => t,
+        _ => Flex::float_cast(t, burn::tensor::FloatDType::F32),
+    };
+    if t.is_contiguous() {
+        t
+    } else {
+        t.to_contiguous()
+    }
+}
+
+pub(super) fn adamw_update(
+    param: FloatTensor<Flex>,
+    grad: FloatTensor<Flex>,
+    moment_1: FloatTensor<Flex>,
+    moment_2: FloatTensor<Flex>,
+    step: AdamWStep,
+) -> (FloatTensor<Flex>, FloatTensor<Flex>, FloatTensor<Flex>) {
+    let dtype = param.dtype();
+    let mut param = contiguous_f32(param);
+    let mut moment_1 = contiguous_f32(moment_1);
+    let mut moment_2 = contiguous_f32(moment_2);
+    let grad = contiguous_f32(grad);
+    let AdamWStep {
+        beta_1,
+        beta_2,
+        bias_correction_1,
+        bias_correction_2,
+        epsilon,
+        decay,
+        learning_rate,
+    } = step;
+    let (factor_1, factor_2) = (1.0 - beta_1, 1.0 - beta_2);
+    param
+        .storage_mut::<f32>()
+        .par_chunks_mut(CHUNK)
+        .zip(moment_1.storage_mut::<f32>().par_chunks_mut(CHUNK))
+        .zip(moment_2.storage_mut::<f32>().par_chunks_mut(CHUNK))
+        .zip(grad.storage::<f32>().par_chunks(CHUNK))
+        .for_each(|(((w, m), v), g)| {
+            for (((w, m), v), &g) in w.iter_mut().zip(m).zip(v).zip(g) {
+                *m = *m * beta_1 + g * factor_1;
+                *v = *v * beta_2 + g * g * factor_2;
+                let delta = (*m / bias_correction_1) / ((*v / bias_correction_2).sqrt() + epsilon);
+                *w = *w * decay - delta * learning_rate;
+            }
+        });
+    let back = |t: FloatTensor<Flex>| match dtype {
+        DType::F32 => t,
+        dtype => Flex::float_cast(t, dtype.into()),
+    };
+    (back(param), back(moment_1), back(moment_2))
+}
