@@ -262,11 +262,16 @@ fn misuse_is_a_clear_error() {
     // The routed parameters live in `model`; stepping another model would lose their updates.
     let loss = model.loss(x, y);
     let stranger = TiedNet::new(&device);
+    let mut optimizer = AdamWConfig::new().init();
     assert_eq!(
         in_backward
-            .step(&mut SgdConfig::new().init(), 0.1, stranger, loss)
+            .step(&mut optimizer, 0.1, stranger, loss)
             .unwrap_err(),
         InBackwardError::ForeignParameters(4)
+    );
+    assert!(
+        optimizer.to_record().is_empty(),
+        "nothing was updated, so the optimizer has no state"
     );
 }
 

@@ -76,7 +76,7 @@ pub enum InBackwardError {
     NothingDeferred,
     #[error(
         "{0} parameter(s) were read through InBackward in the forward pass but are not in the \
-         model given to the step, so their updates would be lost"
+         model given to the step, so their updates would be lost; nothing was updated"
     )]
     ForeignParameters(usize),
 }
@@ -211,6 +211,16 @@ impl InBackward {
             state: &mut state,
             path: Vec::new(),
         });
+        let foreign = state
+            .uses
+            .keys()
+            .filter(|id| !state.parked.contains_key(id))
+            .count();
+        if foreign > 0 {
+            drop(model.map(&mut Unpark { state: &mut state }));
+            *state = StepState::default();
+            return Err(InBackwardError::ForeignParameters(foreign));
+        }
         // The hooks need the optimizer while `backward` runs; a stateless stand-in holds its
         // place in the caller's hands meanwhile.
         let placeholder = SgdConfig::new().init();
@@ -229,13 +239,13 @@ impl InBackward {
         let (taken, _) = state.optimizer.take().expect("installed above");
         *optimizer = taken;
         let model = model.map(&mut Unpark { state: &mut state });
-        let foreign = state.updated.len();
+        debug_assert!(
+            state.updated.is_empty(),
+            "every update has its parked parameter"
+        );
         let mut counts = state.counts;
         *state = StepState::default();
         drop(state);
-        if foreign > 0 {
-            return Err(InBackwardError::ForeignParameters(foreign));
-        }
 
         let rest = GradientsParams::from_grads(grads, &model);
         let model = if rest.is_empty() {
