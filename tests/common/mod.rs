@@ -58,11 +58,16 @@ pub fn assert_close(
 
 /// Seeds `device` from the clock and prints the seed, so that a failure can be replayed.
 pub fn seed_from_clock(device: &Device) {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    eprintln!("seed {seed}");
+    let seed = std::env::var("TEST_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("seed {seed} (replay with TEST_SEED={seed})");
     device.seed(seed);
 }
 
