@@ -13,9 +13,6 @@ use burn_memwall::ops::flash_attention::{FlashAttentionOptions, flash_attention}
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
-/// Peak readings are process-wide: measurements take turns.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 const HEADS: usize = 8;
 const D: usize = 64;
 
@@ -60,7 +57,7 @@ fn burn_peak(seq: usize, device: &Device) -> u64 {
 
 #[test]
 fn doubling_the_sequence_doubles_the_peak_not_quadruples_it() {
-    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = common::take_turn(); // peak readings are process-wide
     for device in common::devices() {
         let name = burn_memwall::device::describe(&device);
         flash_peak(64, &device); // first-use allocations of the runtime are not the op's

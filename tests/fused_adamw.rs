@@ -15,9 +15,6 @@ use common::{assert_close, devices, parameters};
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
-/// Peak readings are process-wide: measurements take turns.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// Inputs of step `step`, computed on the host (the device RNG is shared by parallel tests).
 fn input(step: usize, device: &Device) -> Tensor<2> {
     let values: Vec<f32> = (0..4 * 7)
@@ -53,7 +50,7 @@ fn train(
 
 #[test]
 fn fused_adamw_matches_burns_adamw() {
-    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = common::take_turn(); // peak readings are process-wide
     for device in devices() {
         let device = device.autodiff();
         let initial = LinearConfig::new(7, 5).init(&device);
@@ -72,7 +69,7 @@ fn fused_adamw_matches_burns_adamw() {
 /// nothing parameter-sized.
 #[test]
 fn a_fused_step_writes_in_place() {
-    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = common::take_turn(); // peak readings are process-wide
     let device = Device::flex();
     let elements = 1 << 20;
     let bytes = (elements * 4) as f64;
@@ -118,7 +115,7 @@ fn a_fused_step_writes_in_place() {
 /// The fused AdamW trains through `InBackward` like Burn's AdamW through `ModuleOptimizer`.
 #[test]
 fn fused_adamw_in_backward_matches_burns_adamw() {
-    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = common::take_turn(); // peak readings are process-wide
     let device = Device::flex().autodiff();
     let initial = LinearConfig::new(7, 5).init(&device);
     let want = parameters(&train(

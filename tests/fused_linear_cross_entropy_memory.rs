@@ -15,9 +15,6 @@ use burn_memwall::ops::fused_linear_cross_entropy::{
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
-/// Peak readings are process-wide: measurements take turns.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 const VOCAB: usize = 4096;
 const D: usize = 64;
 
@@ -64,7 +61,7 @@ fn burn_peak(tokens: usize, device: &Device) -> u64 {
 
 #[test]
 fn four_times_the_tokens_peaks_at_most_1_3_times_higher() {
-    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = common::take_turn(); // peak readings are process-wide
     for device in common::devices() {
         let name = burn_memwall::device::describe(&device);
         fused_peak(64, &device); // first-use allocations of the runtime are not the op's

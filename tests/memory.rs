@@ -11,14 +11,11 @@ use burn_memwall_models::training::{StepOptimizer, measure_steps};
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
-/// Peak readings are process-wide: measurements take turns.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 const MIB: u64 = 1 << 20;
 
 #[test]
 fn the_meter_sees_a_tensor_come_and_go() {
-    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = common::take_turn(); // peak readings are process-wide
     for device in common::devices() {
         let meter = MemoryMeter::new(&device);
         assert!(meter.is_available());
@@ -54,7 +51,7 @@ fn pools_split_the_peak() {
 /// moments and the gradients; its activation pool grows in proportion to the batch.
 #[test]
 fn a_baseline_step_holds_its_logits_and_scales_with_the_batch() {
-    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = common::take_turn(); // peak readings are process-wide
     let device = Device::flex();
     let config = LmConfig::new(2048, 64, 2, 4, 4, 128, 128);
     let (seq, vocab) = (128usize, config.vocab_size);

@@ -2,18 +2,12 @@
 
 mod common;
 
-use std::sync::Mutex;
-
 use burn::prelude::*;
 use burn_memwall_models::Error;
 use burn_memwall_models::checkpoint::{load_safetensors, save_safetensors};
 use burn_memwall_models::data::{DEFAULT_CORPUS, TextTokenizer};
 use burn_memwall_models::lm::LmConfig;
 use burn_memwall_models::training::{Artifacts, RunConfig, TrainReport, TrainingConfig, train};
-
-/// The RNG that seeds model weights is global per backend: training runs take turns so each
-/// starts from exactly its own seed.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 fn model_config() -> LmConfig {
     LmConfig::new(256, 64, 2, 4, 2, 128, 64)
@@ -48,14 +42,14 @@ fn run(
     artifacts: &Artifacts,
     resume: bool,
 ) -> Result<TrainReport, Error> {
-    let _turn = SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
     train(config, &corpus_tokens(), device, artifacts, resume, true)
 }
 
 #[test]
 fn loss_falls_well_below_uniform_and_resume_continues_exactly() {
+    // Weights are drawn lazily from the backend's global RNG: a test that ran beside this one
+    // could draw between a seed and the weights it was meant for.
+    let _turn = common::take_turn();
     for device in common::devices() {
         let uninterrupted_dir = common::temp_dir();
         let full = run(
@@ -118,6 +112,7 @@ fn loss_falls_well_below_uniform_and_resume_continues_exactly() {
 /// and its run resumes exactly from the Learner's checkpoints (the optimizer record is the same).
 #[test]
 fn in_backward_training_matches_adamw_and_resumes_exactly() {
+    let _turn = common::take_turn();
     let device = Device::flex();
     let in_backward = |epochs| {
         let mut config = run_config(epochs);
@@ -168,6 +163,7 @@ fn in_backward_training_matches_adamw_and_resumes_exactly() {
 
 #[test]
 fn safetensors_export_round_trips_bit_exactly() {
+    let _turn = common::take_turn();
     for device in common::devices() {
         let dir = common::temp_dir();
         let path = dir.path().join("model.safetensors");
@@ -199,6 +195,7 @@ fn safetensors_export_round_trips_bit_exactly() {
 
 #[test]
 fn weights_or_checkpoints_from_another_config_are_refused() {
+    let _turn = common::take_turn();
     let device = Device::flex();
     let dir = common::temp_dir();
     let path = dir.path().join("model.safetensors");
@@ -246,6 +243,7 @@ fn failed_run(edit: impl FnOnce(&mut RunConfig)) -> (Error, Artifacts, tempfile:
 
 #[test]
 fn bad_training_inputs_are_clear_errors() {
+    let _turn = common::take_turn();
     let (error, ..) = failed_run(|c| c.training.seq_len = 65);
     assert!(
         error
@@ -268,6 +266,7 @@ fn bad_training_inputs_are_clear_errors() {
 
 #[test]
 fn a_diverged_run_is_an_error_not_a_saved_model() {
+    let _turn = common::take_turn();
     let (error, artifacts, _dir) = failed_run(|c| c.training.learning_rate = 1e30);
     assert!(error.to_string().contains("diverged"), "{error}");
     assert!(
@@ -278,6 +277,7 @@ fn a_diverged_run_is_an_error_not_a_saved_model() {
 
 #[test]
 fn a_fresh_run_clears_the_checkpoints_of_an_earlier_one() {
+    let _turn = common::take_turn();
     let device = Device::flex();
     let dir = common::temp_dir();
     let artifacts = Artifacts::new(dir.path());

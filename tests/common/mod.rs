@@ -27,6 +27,14 @@ pub fn tinyshakespeare() -> Option<String> {
     std::fs::read_to_string(path).ok()
 }
 
+/// Serialises the tests of one binary that must not overlap: those reading process-wide peaks,
+/// and those drawing weights from a backend's global RNG. A panicking holder does not block the
+/// rest.
+pub fn take_turn() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// A folder that is removed when dropped.
 pub fn temp_dir() -> tempfile::TempDir {
     tempfile::tempdir().expect("a temporary folder")
