@@ -7,9 +7,11 @@
 //!
 //! - [`flash_attention`]: forward with log-sum-exp, and the FlashAttention-2 backward;
 //! - [`cross_entropy`]: loss, log-sum-exp and gradient of rows of LM-head logits;
-//! - [`adamw`]: the AdamW update of a parameter and its moments, in place.
+//! - [`adamw`]: the AdamW update of a parameter and its moments, in place;
+//! - [`momentum`]: the single-moment update (SGD with momentum, Lion), in place.
 
 pub mod adamw;
 pub mod cross_entropy;
 pub mod flash_attention;
+pub mod momentum;
 mod softcap;

@@ -2,6 +2,7 @@
 //! tensor API. Like the kernels, which widen every element they load, the Flex paths compute
 //! f16 and bf16 inputs in f32.
 
+use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::{BoolTensor, FloatTensor};
 use burn::backend::{BackendTensor, DispatchKindConversion, DispatchTensor, Flex};
 use burn::prelude::*;
@@ -28,5 +29,31 @@ pub(crate) fn primitive<const D: usize>(t: Tensor<D>, dtype: DType) -> FloatTens
         Ok(BackendTensor::Float(t)) => t,
         Ok(_) => unreachable!("a float tensor stays a float tensor"),
         Err(error) => unreachable!("a tensor computed from Flex inputs stays on Flex: {error}"),
+    }
+}
+
+/// Elements per rayon task of the in-place update paths: large enough that scheduling is noise
+/// next to the arithmetic.
+pub(crate) const UPDATE_CHUNK: usize = 1 << 14;
+
+/// A contiguous f32 primitive holding `t`'s values (`t` itself when it already is one), for the
+/// in-place update paths that write through `storage_mut`.
+pub(crate) fn contiguous_f32(t: FloatTensor<Flex>) -> FloatTensor<Flex> {
+    let t = match t.dtype() {
+        DType::F32 => t,
+        _ => Flex::float_cast(t, FloatDType::F32),
+    };
+    if t.is_contiguous() {
+        t
+    } else {
+        t.to_contiguous()
+    }
+}
+
+/// `t` (f32) cast back to the `dtype` an op's input had.
+pub(crate) fn cast_back(t: FloatTensor<Flex>, dtype: DType) -> FloatTensor<Flex> {
+    match dtype {
+        DType::F32 => t,
+        dtype => Flex::float_cast(t, dtype.into()),
     }
 }

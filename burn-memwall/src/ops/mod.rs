@@ -2,6 +2,9 @@
 //! the wiring of its CubeCL kernels and its handwritten backward).
 
 pub mod adamw_update;
+#[cfg(feature = "cube")]
+mod cube;
 pub mod flash_attention;
 mod flex;
 pub mod fused_linear_cross_entropy;
+pub mod momentum_update;

@@ -9,6 +9,7 @@ use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::optim::{AdamWState, AdaptiveMomentumState, LearningRate, ModuleOptimizer, Optimizer};
 use burn::prelude::*;
 
+use super::with_clipping;
 use crate::ops::adamw_update::{AdamWStep, adamw_update};
 
 /// [`FusedAdamW`]'s settings, with `burn::optim::AdamWConfig`'s names and defaults (without
@@ -50,11 +51,7 @@ impl FusedAdamWConfig {
 
     /// The whole-module optimizer, with the configured clipping.
     pub fn init(&self) -> ModuleOptimizer {
-        let optimizer = ModuleOptimizer::from(self.build());
-        match &self.grad_clipping {
-            Some(clipping) => optimizer.with_grad_clipping(clipping.init()),
-            None => optimizer,
-        }
+        with_clipping(self.build(), self.grad_clipping.as_ref())
     }
 }
 

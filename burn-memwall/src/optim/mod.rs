@@ -2,10 +2,30 @@
 //!
 //! - [`InBackward`]: applies a `ModuleOptimizer`'s per-parameter step during `backward()`, as
 //!   soon as each parameter's gradient is complete, and frees that gradient.
-//! - [`FusedAdamW`]: Burn's AdamW with its per-parameter step fused into one in-place pass.
+//! - [`FusedAdamW`], [`FusedSgd`] (with momentum), [`FusedLion`]: Burn's AdamW, SGD and Lion
+//!   with each per-parameter step fused into one in-place pass.
 
 mod fused_adamw;
+mod fused_lion;
+mod fused_sgd;
 pub mod in_backward;
 
 pub use fused_adamw::{FusedAdamW, FusedAdamWConfig};
+pub use fused_lion::{FusedLion, FusedLionConfig};
+pub use fused_sgd::{FusedSgd, FusedSgdConfig, FusedSgdState};
 pub use in_backward::{InBackward, InBackwardError, StepCounts};
+
+use burn::optim::grad_clipping::GradientClippingConfig;
+use burn::optim::{ModuleOptimizer, Optimizer};
+
+/// `optimizer` over a whole module, clipping each gradient as `clipping` says.
+fn with_clipping(
+    optimizer: impl Optimizer,
+    clipping: Option<&GradientClippingConfig>,
+) -> ModuleOptimizer {
+    let optimizer = ModuleOptimizer::from(optimizer);
+    match clipping {
+        Some(clipping) => optimizer.with_grad_clipping(clipping.init()),
+        None => optimizer,
+    }
+}

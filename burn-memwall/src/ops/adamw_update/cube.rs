@@ -3,18 +3,12 @@
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::backend::fusion::custom::TensorSpec;
 use burn::backend::tensor::FloatTensor;
-use burn::cubecl::{CubeDim, calculate_cube_count_elemwise};
+use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::{CubeBackend, tensor::CubeTensor};
 use burn_memwall_kernels::adamw::adamw_update_kernel;
 
 use super::{AdamWStep, AdamWUpdateBackend};
-
-/// `t`, contiguous and safe to overwrite: a copy only when another handle shares its memory.
-fn writable(t: CubeTensor) -> CubeTensor {
-    let t = into_contiguous(t);
-    if t.can_mut() { t } else { t.copy() }
-}
+use crate::ops::cube::{per_element, writable};
 
 impl AdamWUpdateBackend for CubeBackend {
     fn adamw_update(
@@ -26,12 +20,9 @@ impl AdamWUpdateBackend for CubeBackend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let (param, moment_1, moment_2) = (writable(param), writable(moment_1), writable(moment_2));
         let grad = into_contiguous(grad);
-        let client = param.client.clone();
-        let elements = param.meta.num_elements();
-        let cube_dim = CubeDim::new(&client, elements);
-        let cube_count = calculate_cube_count_elemwise(&client, elements, cube_dim);
+        let (cube_count, cube_dim) = per_element(&param);
         adamw_update_kernel::launch(
-            &client,
+            &param.client,
             cube_count,
             cube_dim,
             param.clone().into_tensor_arg(),

@@ -2,28 +2,11 @@
 //! in place when they are unique (a copy first when they are shared or strided).
 
 use burn::backend::Flex;
-use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
-use burn::tensor::DType;
 use rayon::prelude::*;
 
 use super::AdamWStep;
-
-/// Elements per rayon task: large enough that scheduling is noise next to the arithmetic.
-const CHUNK: usize = 1 << 14;
-
-/// A contiguous f32 tensor holding `t`'s values (`t` itself when it already is one).
-fn contiguous_f32(t: FloatTensor<Flex>) -> FloatTensor<Flex> {
-    let t = match t.dtype() {
-        DType::F32 => t,
-        _ => Flex::float_cast(t, burn::tensor::FloatDType::F32),
-    };
-    if t.is_contiguous() {
-        t
-    } else {
-        t.to_contiguous()
-    }
-}
+use crate::ops::flex::{UPDATE_CHUNK, cast_back, contiguous_f32};
 
 pub(super) fn adamw_update(
     param: FloatTensor<Flex>,
@@ -49,10 +32,10 @@ pub(super) fn adamw_update(
     let (factor_1, factor_2) = (1.0 - beta_1, 1.0 - beta_2);
     param
         .storage_mut::<f32>()
-        .par_chunks_mut(CHUNK)
-        .zip(moment_1.storage_mut::<f32>().par_chunks_mut(CHUNK))
-        .zip(moment_2.storage_mut::<f32>().par_chunks_mut(CHUNK))
-        .zip(grad.storage::<f32>().par_chunks(CHUNK))
+        .par_chunks_mut(UPDATE_CHUNK)
+        .zip(moment_1.storage_mut::<f32>().par_chunks_mut(UPDATE_CHUNK))
+        .zip(moment_2.storage_mut::<f32>().par_chunks_mut(UPDATE_CHUNK))
+        .zip(grad.storage::<f32>().par_chunks(UPDATE_CHUNK))
         .for_each(|(((w, m), v), g)| {
             for (((w, m), v), &g) in w.iter_mut().zip(m).zip(v).zip(g) {
                 *m = *m * beta_1 + g * factor_1;
@@ -61,9 +44,9 @@ pub(super) fn adamw_update(
                 *w = *w * decay - delta * learning_rate;
             }
         });
-    let back = |t: FloatTensor<Flex>| match dtype {
-        DType::F32 => t,
-        dtype => Flex::float_cast(t, dtype.into()),
-    };
-    (back(param), back(moment_1), back(moment_2))
+    (
+        cast_back(param, dtype),
+        cast_back(moment_1, dtype),
+        cast_back(moment_2, dtype),
+    )
 }

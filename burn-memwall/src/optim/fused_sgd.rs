@@ -1,0 +1,101 @@
+//! SGD with momentum whose per-parameter step is one fused, in-place pass
+//! ([`crate::ops::momentum_update`]). The math is `burn::optim::Sgd`'s, and its state is saved
+//! under the names of Burn's `SgdState` (a checkpoint of either loads into the other); Burn's
+//! step makes about four parameter-sized temporaries and the new weights beside the old ones,
+//! this one writes the weights and the velocity where they are when nothing else holds them.
+//!
+//! Momentum is required: SGD without it has no state, and Burn's `Sgd` then makes a single new
+//! tensor per step.
+
+use burn::config::Config;
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::grad_clipping::GradientClippingConfig;
+use burn::optim::momentum::{MomentumConfig, MomentumState};
+use burn::optim::{
+    LearningRate, ModuleOptimizer, Optimizer, RecordState, SgdState, StateSink, StateSource,
+    join_path,
+};
+use burn::prelude::*;
+
+use super::with_clipping;
+use crate::ops::momentum_update::{MomentumStep, momentum_update};
+
+/// [`FusedSgd`]'s settings, with the meaning of `burn::optim::SgdConfig`'s.
+#[derive(Config, Debug)]
+pub struct FusedSgdConfig {
+    #[config(default = "MomentumConfig::new()")]
+    pub momentum: MomentumConfig,
+    /// L2 penalty added to the gradient (coupled weight decay, as in Burn's SGD).
+    pub weight_decay: Option<WeightDecayConfig>,
+    /// Per-tensor clipping, applied by the `ModuleOptimizer` that [`Self::init`] returns.
+    pub grad_clipping: Option<GradientClippingConfig>,
+}
+
+/// SGD with momentum and a fused, in-place update per parameter. See the [module docs](self).
+#[derive(Clone, Debug)]
+pub struct FusedSgd {
+    momentum: MomentumConfig,
+    l2: f32,
+}
+
+/// The velocity of one parameter.
+#[derive(Clone, Debug)]
+pub struct FusedSgdState<const D: usize> {
+    pub velocity: Tensor<D>,
+}
+
+impl FusedSgdConfig {
+    /// The per-tensor optimizer, e.g. for `ModuleOptimizer::with_group`.
+    pub fn build(&self) -> FusedSgd {
+        FusedSgd {
+            momentum: self.momentum.clone(),
+            l2: self
+                .weight_decay
+                .as_ref()
+                .map_or(0.0, |decay| decay.penalty),
+        }
+    }
+
+    /// The whole-module optimizer, with the configured clipping.
+    pub fn init(&self) -> ModuleOptimizer {
+        with_clipping(self.build(), self.grad_clipping.as_ref())
+    }
+}
+
+impl Optimizer for FusedSgd {
+    type State<const D: usize> = FusedSgdState<D>;
+
+    fn step<const D: usize>(
+        &self,
+        lr: LearningRate,
+        tensor: Tensor<D>,
+        grad: Tensor<D>,
+        state: Option<Self::State<D>>,
+    ) -> (Tensor<D>, Option<Self::State<D>>) {
+        let first = state.is_none();
+        // The first step's velocity is the gradient itself: the zeros are only read as `0·m`.
+        let velocity = state.map_or_else(|| grad.zeros_like(), |state| state.velocity);
+        let step = MomentumStep::sgd(lr, self.l2, &self.momentum, first);
+        let (tensor, velocity) = momentum_update(tensor, grad, velocity, step);
+        (tensor, Some(FusedSgdState { velocity }))
+    }
+
+    fn to_device<const D: usize>(mut state: Self::State<D>, device: &Device) -> Self::State<D> {
+        state.velocity = state.velocity.to_device(device);
+        state
+    }
+}
+
+/// Saved as Burn's `SgdState` with momentum saves itself, so that records interchange.
+impl<const D: usize> RecordState for FusedSgdState<D> {
+    fn state_flatten(&self, prefix: &str, out: &mut StateSink) {
+        SgdState::new(Some(MomentumState::new(self.velocity.clone()))).state_flatten(prefix, out);
+    }
+
+    fn state_unflatten(prefix: &str, src: &mut StateSource, device: &Device) -> Option<Self> {
+        let data = src.take_tensor(&join_path(prefix, "momentum"), "velocity")?;
+        Some(Self {
+            velocity: Tensor::from_data(data, device),
+        })
+    }
+}
