@@ -5,12 +5,9 @@
 //! ```
 //!
 //! Each stack runs in its own child process so that no stack inherits another's allocator state
-//! or pool peaks. Stacks: `baseline` (Burn attention, full logits + `CrossEntropyLoss`, AdamW),
-//! `flash-attention` (the same with burn-memwall's flash attention), `fused-loss` (the same with
-//! the fused linear + cross-entropy), `flash+fused` (both), `in-backward` (the baseline with
-//! AdamW applied during backward), `in-backward-sgd` (plain SGD during backward),
-//! `in-backward-fused` (burn-memwall's in-place AdamW during backward) and
-//! `flash+fused+in-backward`; each burn-memwall part adds its own row.
+//! or pool peaks. The stacks are listed in [`STACKS`]: `baseline` is Burn's attention, full
+//! logits + `CrossEntropyLoss` and AdamW after backward; each other row changes one part or
+//! combines several, so that each burn-memwall part has its own row.
 
 use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
@@ -52,6 +49,10 @@ struct Args {
     /// UTF-8 text to draw the batches from (default: the embedded corpus).
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Override the preset's tying of the LM head to the embedding (`--tie-embeddings false`
+    /// gives the head its own weight).
+    #[arg(long)]
+    tie_embeddings: Option<bool>,
     /// Stacks to run (default: all).
     #[arg(long, value_delimiter = ',')]
     stacks: Vec<String>,
@@ -63,17 +64,73 @@ struct Args {
     worker: Option<String>,
 }
 
+/// What a stack changes from the baseline.
+struct Stack {
+    name: &'static str,
+    /// burn-memwall's flash attention instead of Burn's.
+    flash_attention: bool,
+    /// The fused linear + cross-entropy instead of full logits.
+    fused_loss: bool,
+    optimizer: StepOptimizer,
+}
+
+const fn stack(
+    name: &'static str,
+    flash_attention: bool,
+    fused_loss: bool,
+    optimizer: StepOptimizer,
+) -> Stack {
+    Stack {
+        name,
+        flash_attention,
+        fused_loss,
+        optimizer,
+    }
+}
+
 /// Every stack memgate knows, in the order they are reported.
-const STACKS: [&str; 8] = [
-    "baseline",
-    "flash-attention",
-    "fused-loss",
-    "flash+fused",
-    "in-backward",
-    "in-backward-sgd",
-    "in-backward-fused",
-    "flash+fused+in-backward",
+const STACKS: [Stack; 10] = [
+    stack("baseline", false, false, StepOptimizer::AdamW),
+    stack("flash-attention", true, false, StepOptimizer::AdamW),
+    stack("fused-loss", false, true, StepOptimizer::AdamW),
+    stack("flash+fused", true, true, StepOptimizer::AdamW),
+    stack("in-backward", false, false, StepOptimizer::InBackwardAdamW),
+    stack(
+        "in-backward-fused-adamw",
+        false,
+        false,
+        StepOptimizer::InBackwardFusedAdamW,
+    ),
+    stack(
+        "in-backward-sgd",
+        false,
+        false,
+        StepOptimizer::InBackwardSgd,
+    ),
+    stack(
+        "in-backward-fused-sgd",
+        false,
+        false,
+        StepOptimizer::InBackwardFusedSgd,
+    ),
+    stack(
+        "flash+fused+in-backward",
+        true,
+        true,
+        StepOptimizer::InBackwardAdamW,
+    ),
+    stack("all-fused", true, true, StepOptimizer::InBackwardFusedAdamW),
 ];
+
+fn find_stack(name: &str) -> Result<&'static Stack, String> {
+    STACKS.iter().find(|s| s.name == name).ok_or_else(|| {
+        let names: Vec<&str> = STACKS.iter().map(|s| s.name).collect();
+        format!(
+            "unknown stack `{name}`; expected one of {}",
+            names.join(", ")
+        )
+    })
+}
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
 struct Row {
@@ -115,16 +172,12 @@ fn main() {
 
 fn run_all(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let stacks: Vec<String> = if args.stacks.is_empty() {
-        STACKS.iter().map(|s| s.to_string()).collect()
+        STACKS.iter().map(|s| s.name.to_string()).collect()
     } else {
         args.stacks.clone()
     };
-    if let Some(unknown) = stacks.iter().find(|s| !STACKS.contains(&s.as_str())) {
-        return Err(format!(
-            "unknown stack `{unknown}`; expected one of {}",
-            STACKS.join(", ")
-        )
-        .into());
+    for name in &stacks {
+        find_stack(name)?;
     }
     let mut rows = Vec::new();
     for stack in &stacks {
@@ -198,14 +251,18 @@ fn print_table(rows: &[Row]) {
 }
 
 /// Measures `args.steps` training steps of `stack` in this process.
-fn run_stack(args: &Args, stack: &str) -> Result<Row, Box<dyn std::error::Error>> {
+fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>> {
+    let stack = find_stack(name)?;
     let device = DeviceChoice::from_arg_or_env(Some(&args.device))?.device()?;
     let mut config = LmConfig::preset(&args.model)?;
-    if stack.contains("flash") {
+    if stack.flash_attention {
         config.attention = AttentionKind::Flash;
     }
-    if stack.contains("fused") {
+    if stack.fused_loss {
         config.loss = LossKind::Fused;
+    }
+    if let Some(tie) = args.tie_embeddings {
+        config.tie_embeddings = tie;
     }
     // Byte ids fit every preset's vocabulary, so all models train on the same data.
     let tokens = TextTokenizer::byte_level().encode(&load_text(args.data.as_deref())?)?;
@@ -213,21 +270,19 @@ fn run_stack(args: &Args, stack: &str) -> Result<Row, Box<dyn std::error::Error>
         .chunks_exact(args.seq + 1)
         .map(<[u32]>::to_vec)
         .collect();
-    let optimizer = if stack.ends_with("in-backward-sgd") {
-        StepOptimizer::InBackwardSgd
-    } else if stack.ends_with("in-backward-fused") {
-        StepOptimizer::InBackwardFusedAdamW
-    } else if stack.ends_with("in-backward") {
-        StepOptimizer::InBackwardAdamW
-    } else {
-        StepOptimizer::AdamW
-    };
     let measured = measure_steps(
-        &config, optimizer, &windows, args.batch, args.steps, args.lr, args.seed, &device,
+        &config,
+        stack.optimizer,
+        &windows,
+        args.batch,
+        args.steps,
+        args.lr,
+        args.seed,
+        &device,
     )?;
     let pools = measured.pools;
     Ok(Row {
-        stack: stack.to_owned(),
+        stack: name.to_owned(),
         device: describe(&device),
         model: args.model.clone(),
         parameters: config.param_count(),

@@ -12,7 +12,8 @@ use burn::optim::{
 };
 use burn::prelude::*;
 use burn::tensor::module::linear;
-use burn_memwall::optim::{InBackward, InBackwardError, StepCounts, in_backward::param_value};
+use burn_memwall::optim::in_backward::{param_value, train_step};
+use burn_memwall::optim::{InBackward, InBackwardError, StepCounts};
 use common::{assert_close, devices, parameters};
 
 /// Two tanh layers whose output is projected back through the first layer's weight (a tied
@@ -77,30 +78,19 @@ fn learning_rate(step: usize) -> f64 {
     0.05 / (1.0 + step as f64)
 }
 
-fn standard_step(
-    model: TiedNet,
-    optimizer: &mut ModuleOptimizer,
-    step: usize,
-    device: &Device,
-) -> TiedNet {
+/// Step `step` of `model`: in backward when it is routed, else the standard way.
+fn train(model: TiedNet, optimizer: &mut ModuleOptimizer, step: usize, device: &Device) -> TiedNet {
     let (x, y) = batch(step, device);
     let loss = model.loss(x, y);
-    let grads = GradientsParams::from_grads(loss.backward(), &model);
-    optimizer.step(learning_rate(step), model, grads)
-}
-
-fn in_backward_step(
-    model: TiedNet,
-    optimizer: &mut ModuleOptimizer,
-    step: usize,
-    device: &Device,
-) -> TiedNet {
-    let (x, y) = batch(step, device);
-    let loss = model.loss(x, y);
-    let in_backward = model.in_backward.clone().expect("a routed model");
-    in_backward
-        .step(optimizer, learning_rate(step), model, loss)
-        .expect("an in-backward step")
+    let in_backward = model.in_backward.clone();
+    train_step(
+        in_backward.as_ref(),
+        optimizer,
+        learning_rate(step),
+        model,
+        loss,
+    )
+    .expect("a training step")
 }
 
 fn optimizers() -> Vec<(&'static str, fn() -> ModuleOptimizer)> {
@@ -136,8 +126,8 @@ fn same_parameters_as_module_optimizer_after_every_step() {
             routed.in_backward = Some(InBackward::new());
             let (mut standard_optim, mut routed_optim) = (make_optimizer(), make_optimizer());
             for step in 0..STEPS {
-                standard = standard_step(standard, &mut standard_optim, step, &device);
-                routed = in_backward_step(routed, &mut routed_optim, step, &device);
+                standard = train(standard, &mut standard_optim, step, &device);
+                routed = train(routed, &mut routed_optim, step, &device);
                 let context = (name, step, &device);
                 for (got, want) in parameters(&routed).into_iter().zip(parameters(&standard)) {
                     assert_close("parameter", &context, 1e-5, got, want);
@@ -175,7 +165,7 @@ fn resuming_from_saved_records_continues_exactly() {
                 optimizer.into_bytes().expect("optimizer bytes"),
             ));
         }
-        model = in_backward_step(model, &mut optimizer, step, &device);
+        model = train(model, &mut optimizer, step, &device);
     }
 
     let (model_record, optimizer_bytes) = saved.unwrap();
@@ -186,7 +176,7 @@ fn resuming_from_saved_records_continues_exactly() {
         .from_bytes(optimizer_bytes)
         .expect("optimizer record");
     for step in SAVED_AT..STEPS {
-        resumed = in_backward_step(resumed, &mut resumed_optimizer, step, &device);
+        resumed = train(resumed, &mut resumed_optimizer, step, &device);
     }
     for (got, want) in parameters(&resumed).into_iter().zip(parameters(&model)) {
         got.assert_eq(&want, true);
@@ -216,7 +206,7 @@ fn a_plain_backward_through_routed_parameters_gives_standard_gradients() {
     );
 
     // The plain backward pass used up its hooks: the next step updates during backward.
-    let routed = in_backward_step(routed, &mut SgdConfig::new().init(), 1, &device);
+    let routed = train(routed, &mut SgdConfig::new().init(), 1, &device);
     assert_eq!(
         routed.in_backward.unwrap().last_step(),
         StepCounts {

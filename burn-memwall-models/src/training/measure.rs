@@ -3,10 +3,11 @@
 use std::time::Instant;
 
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, SgdConfig};
+use burn::optim::{AdamWConfig, ModuleOptimizer, SgdConfig};
 use burn::prelude::*;
 use burn_memwall::memory::{MemoryMeter, PoolBreakdown};
-use burn_memwall::optim::{FusedAdamWConfig, InBackward};
+use burn_memwall::optim::in_backward::train_step;
+use burn_memwall::optim::{FusedAdamWConfig, FusedSgdConfig, InBackward};
 
 use crate::Error;
 use crate::data::LmBatcher;
@@ -19,10 +20,12 @@ pub enum StepOptimizer {
     AdamW,
     /// AdamW applied during backward by [`InBackward`].
     InBackwardAdamW,
-    /// burn-memwall's in-place [`FusedAdamW`] applied during backward.
+    /// burn-memwall's in-place [`FusedAdamW`](burn_memwall::optim::FusedAdamW) applied during backward.
     InBackwardFusedAdamW,
     /// Plain SGD (no state) applied during backward by [`InBackward`].
     InBackwardSgd,
+    /// burn-memwall's in-place [`FusedSgd`](burn_memwall::optim::FusedSgd) (momentum 0.9, dampening 0.1) applied during backward.
+    InBackwardFusedSgd,
 }
 
 impl StepOptimizer {
@@ -31,6 +34,7 @@ impl StepOptimizer {
             Self::AdamW | Self::InBackwardAdamW => AdamWConfig::new().init(),
             Self::InBackwardFusedAdamW => FusedAdamWConfig::new().init(),
             Self::InBackwardSgd => SgdConfig::new().init(),
+            Self::InBackwardFusedSgd => FusedSgdConfig::new().init(),
         }
     }
 
@@ -171,15 +175,9 @@ fn update(
     loss: Tensor<1>,
     learning_rate: f64,
 ) -> LanguageModel {
-    match model.in_backward().cloned() {
-        Some(in_backward) => in_backward
-            .step(optimizer, learning_rate, model, loss)
-            .expect("a model on an autodiff device"),
-        None => {
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            optimizer.step(learning_rate, model, grads)
-        }
-    }
+    let in_backward = model.in_backward().cloned();
+    train_step(in_backward.as_ref(), optimizer, learning_rate, model, loss)
+        .expect("a model on an autodiff device")
 }
 
 /// Draws every parameter's initial value now, in the model's own order, and returns the

@@ -119,6 +119,25 @@ pub fn param_value<const D: usize, const A: usize>(
     }
 }
 
+/// One training step from `loss`, for loops that train either way: [`InBackward::step`] when
+/// `in_backward` is given, else Burn's `loss.backward()` then `optimizer.step(..)`.
+pub fn train_step<M: Module, const D: usize>(
+    in_backward: Option<&InBackward>,
+    optimizer: &mut ModuleOptimizer,
+    learning_rate: impl Into<ModuleLearningRate>,
+    model: M,
+    loss: Tensor<D>,
+) -> Result<M, InBackwardError> {
+    match in_backward {
+        Some(in_backward) => in_backward.step(optimizer, learning_rate, model, loss),
+        None if !loss.is_autodiff() => Err(InBackwardError::NotDifferentiable),
+        None => {
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            Ok(optimizer.step(learning_rate, model, grads))
+        }
+    }
+}
+
 type UpdateFn = fn(&mut StepState, ParamId, BridgeTensor, BridgeTensor);
 
 /// The gradient summed so far over the uses of a parameter that has more uses to come.
