@@ -29,9 +29,10 @@
 //! [`InBackward::step`] takes the model by value and holds its parameters aside during
 //! backward. When a parameter's update runs, the model's handle on its old value is released
 //! first, so the weights are never held twice. The extra memory of an update is that parameter's
-//! gradient and the optimizer's temporaries: with Burn's AdamW one more parameter-sized tensor
-//! (the new weights, made before the old ones are freed); with
-//! [`FusedAdamW`](crate::optim::FusedAdamW), which writes in place, none. This needs the step to own the only
+//! gradient and the optimizer's temporaries: with Burn's AdamW on Flex one more parameter-sized
+//! tensor (the new weights, made before the old ones are freed), on Cube several; with
+//! [`FusedAdamW`](crate::optim::FusedAdamW), [`FusedSgd`](crate::optim::FusedSgd) or
+//! [`FusedLion`](crate::optim::FusedLion), which write in place, none. This needs the step to own the only
 //! handle on the weights: a clone of the model kept elsewhere (or burn-train's `Learner`, which
 //! keeps one while it optimizes) makes every update be written beside the old weights.
 //!
