@@ -288,6 +288,8 @@ fn the_language_model_trains_the_same_in_backward() {
         routed = in_backward
             .step(&mut routed_optim, learning_rate(step), routed, loss)
             .unwrap();
+        // `after_backward` counts what `GradientsParams::from_grads` found once backward was
+        // done: 0 is an empty `GradientsParams`, every update having run inside backward.
         let counts = in_backward.last_step();
         assert_eq!((counts.after_backward, counts.in_backward), (0, 20));
         for (got, want) in parameters(&routed).into_iter().zip(parameters(&standard)) {
