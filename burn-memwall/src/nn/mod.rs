@@ -5,14 +5,18 @@
 //! - [`FusedLinearCrossEntropyLoss`]: an LM head's `Linear` + `CrossEntropyLoss` on
 //!   [`crate::ops::fused_linear_cross_entropy`];
 //! - [`Routed`]: `burn::nn`'s linear, embedding and RMSNorm with their parameters updated during
-//!   backward by [`crate::optim::InBackward`].
+//!   backward by [`crate::optim::InBackward`];
+//! - [`ReversibleSequence`]: additive coupling blocks whose activation memory does not grow with
+//!   depth, on [`crate::ops::reversible`].
 
 mod flash_mha;
 mod fused_linear_cross_entropy_loss;
+mod reversible;
 mod routed;
 
 pub use flash_mha::{FlashMhaError, FlashMhaInput, FlashMultiHeadAttention};
 pub use fused_linear_cross_entropy_loss::{
     FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig,
 };
+pub use reversible::{CouplingFunction, ReversibleError, ReversibleSequence};
 pub use routed::Routed;

@@ -8,3 +8,4 @@ pub mod flash_attention;
 mod flex;
 pub mod fused_linear_cross_entropy;
 pub mod momentum_update;
+pub mod reversible;

@@ -1,0 +1,349 @@
+//! A stack of additive coupling blocks whose activation memory does not grow with depth
+//! (RevNet; Reformer).
+//!
+//! Each block splits its input into halves and computes `y₁ = x₁ + F(x₂)`, `y₂ = x₂ + G(y₁)`.
+//! That is invertible, `x₂ = y₂ − G(y₁)`, `x₁ = y₁ − F(x₂)`, so the backward pass rebuilds each
+//! block's input from its output instead of keeping it: the whole stack is one node of the
+//! graph that keeps only its output ([`crate::ops::reversible`]). Walking back, each block
+//! evaluates `G` and `F` once more on fresh leaves, which gives both the inverse and the
+//! gradients: one extra forward pass in all, and the activations of one block at a time.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use burn::backend::DispatchTensor;
+use burn::module::{Module, ModuleDisplay, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::prelude::*;
+use burn::tensor::Gradients;
+
+use crate::ops::reversible::{ChainContext, ReversibleChain, reversible_attach};
+
+/// A function of a coupling: `[..., d_half]` → `[..., d_half]`. It must be deterministic: the
+/// backward pass evaluates it again and must get the same values.
+pub trait CouplingFunction<const D: usize>: Module + ModuleDisplay + Sync + 'static {
+    fn forward(&self, x: Tensor<D>) -> Tensor<D>;
+}
+
+/// Why a reversible stack cannot run.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ReversibleError {
+    #[error(
+        "the last dimension ({0}) must split into two equal halves for the coupling's two streams"
+    )]
+    OddWidth(usize),
+    #[error(
+        "block {block}'s {function} gave different outputs for the same input: the backward pass \
+         rebuilds inputs by evaluating it again, so it must be deterministic (no dropout or other \
+         randomness in training mode)"
+    )]
+    NotDeterministic {
+        block: usize,
+        function: &'static str,
+    },
+}
+
+/// `blocks` additive couplings `(F, G)`, applied in order. See the [module docs](self).
+#[derive(Module, Debug)]
+pub struct ReversibleSequence<F: Module, G: Module> {
+    pub f: Vec<F>,
+    pub g: Vec<G>,
+    /// Every how many blocks an input is kept, so that rebuilding restarts from exact values
+    /// (0: only the output is kept).
+    #[module(skip)]
+    anchor_every: usize,
+    /// Whether `F` and `G` were found deterministic, checked once, at the first training step.
+    #[module(skip)]
+    checked: Arc<AtomicBool>,
+}
+
+impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F, G> {
+    /// The couplings `(F, G)` of `blocks`, in order.
+    pub fn new(blocks: Vec<(F, G)>) -> Self {
+        let (f, g) = blocks.into_iter().unzip();
+        Self {
+            f,
+            g,
+            anchor_every: 0,
+            checked: Arc::default(),
+        }
+    }
+
+    /// Keeps the input of every `blocks`-th block (0: none), which bounds how far the rebuilt
+    /// inputs can drift from the true ones, for `O(depth / blocks)` memory.
+    pub fn with_anchor_every(mut self, blocks: usize) -> Self {
+        self.anchor_every = blocks;
+        self
+    }
+
+    pub fn len(&self) -> usize {
+        self.f.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.f.is_empty()
+    }
+
+    /// `[..., 2·d_half]` → `[..., 2·d_half]`: the halves of the last dimension are the two
+    /// streams. Panics with [`ReversibleError`]'s message where [`Self::try_forward`] errs.
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D>
+    where
+        F: CouplingFunction<D>,
+        G: CouplingFunction<D>,
+    {
+        self.try_forward(x)
+            .unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// [`Self::forward`], with an error for an odd width or a coupling function that is not
+    /// deterministic.
+    pub fn try_forward<const D: usize>(&self, x: Tensor<D>) -> Result<Tensor<D>, ReversibleError>
+    where
+        F: CouplingFunction<D>,
+        G: CouplingFunction<D>,
+    {
+        let width = x.dims()[D - 1];
+        if !width.is_multiple_of(2) {
+            return Err(ReversibleError::OddWidth(width));
+        }
+        let params = trained_params(self);
+        if !x.is_autodiff() || (params.is_empty() && !x.is_tracked()) {
+            // Nothing to differentiate: a plain forward pass.
+            return Ok(run_blocks(&self.f, &self.g, x, |_, _| {}));
+        }
+        if !self.checked.load(Ordering::Relaxed) {
+            self.check_deterministic(&x)?;
+            self.checked.store(true, Ordering::Relaxed);
+        }
+        // A chain whose input needs no gradient still owes its parameters theirs: the op is a
+        // node of the graph only when its input is.
+        let x = if x.is_tracked() { x } else { x.require_grad() };
+        let (f, g) = (
+            copies(&self.f, ParamsAs::Detached),
+            copies(&self.g, ParamsAs::Detached),
+        );
+        let mut anchors = Vec::new();
+        let every = self.anchor_every;
+        let output = run_blocks(&f, &g, x.clone().inner(), |block, input| {
+            if every > 0 && block % every == 0 {
+                anchors.push((block, input.clone()));
+            }
+        });
+        let chain = Chain { f, g, anchors };
+        let context = ChainContext::new(Box::new(chain), params);
+        Ok(reversible_attach(x, Tensor::from_inner(output), context))
+    }
+
+    /// The input that [`Self::forward`] maps to `y`, rebuilt block by block from the last
+    /// (`x₂ = y₂ − G(y₁)`, `x₁ = y₁ − F(x₂)`), as the backward pass does; not differentiable.
+    pub fn inverse<const D: usize>(&self, y: Tensor<D>) -> Tensor<D>
+    where
+        F: CouplingFunction<D>,
+        G: CouplingFunction<D>,
+    {
+        let (f, g) = (
+            copies(&self.f, ParamsAs::Detached),
+            copies(&self.g, ParamsAs::Detached),
+        );
+        f.iter().zip(&g).rev().fold(y.inner(), |y, (f, g)| {
+            let [y1, y2] = halves(y);
+            let x2 = y2 - g.forward(y1.clone());
+            let x1 = y1 - f.forward(x2.clone());
+            Tensor::cat(vec![x1, x2], D - 1)
+        })
+    }
+
+    /// Evaluates every `F` and `G` twice, in training mode on an autodiff device (where dropout
+    /// is active), on a corner of `x` (at most 2 along each dimension but the last), and
+    /// compares. Nothing is tracked; what the autodiff device keeps of it until the next
+    /// backward pass is that small.
+    fn check_deterministic<const D: usize>(&self, x: &Tensor<D>) -> Result<(), ReversibleError>
+    where
+        F: CouplingFunction<D>,
+        G: CouplingFunction<D>,
+    {
+        let dims = x.dims();
+        let probe = (0..D - 1).fold(x.clone().detach(), |probe, dim| {
+            probe.narrow(dim, 0, dims[dim].min(2))
+        });
+        let [x1, x2] = halves(probe);
+        let same = |a: Tensor<D>, b: Tensor<D>| a.equal(b).all().into_scalar::<bool>();
+        let (f, g) = (
+            copies(&self.f, ParamsAs::Untracked),
+            copies(&self.g, ParamsAs::Untracked),
+        );
+        for (block, (f, g)) in f.iter().zip(&g).enumerate() {
+            if !same(f.forward(x2.clone()), f.forward(x2.clone())) {
+                return Err(ReversibleError::NotDeterministic {
+                    block,
+                    function: "F",
+                });
+            }
+            if !same(g.forward(x1.clone()), g.forward(x1.clone())) {
+                return Err(ReversibleError::NotDeterministic {
+                    block,
+                    function: "G",
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The two streams: the halves of the last dimension.
+fn halves<const D: usize>(x: Tensor<D>) -> [Tensor<D>; 2] {
+    let half = x.dims()[D - 1] / 2;
+    let [x1, x2] = x.split(half, D - 1).try_into().expect("two equal halves");
+    [x1, x2]
+}
+
+/// Runs the couplings from `x`, showing each block's input to `keep` first.
+fn run_blocks<const D: usize, F, G>(
+    f: &[F],
+    g: &[G],
+    x: Tensor<D>,
+    mut keep: impl FnMut(usize, &Tensor<D>),
+) -> Tensor<D>
+where
+    F: CouplingFunction<D>,
+    G: CouplingFunction<D>,
+{
+    let mut x = x;
+    for (block, (f, g)) in f.iter().zip(g).enumerate() {
+        keep(block, &x);
+        let [x1, x2] = halves(x);
+        let y1 = x1 + f.forward(x2.clone());
+        let y2 = x2 + g.forward(y1.clone());
+        x = Tensor::cat(vec![y1, y2], D - 1);
+    }
+    x
+}
+
+/// What the backward pass needs: the couplings with their parameters outside the graph, and
+/// the kept inputs.
+#[derive(Debug)]
+struct Chain<F, G, const D: usize> {
+    f: Vec<F>,
+    g: Vec<G>,
+    anchors: Vec<(usize, Tensor<D>)>,
+}
+
+impl<F, G, const D: usize> ReversibleChain for Chain<F, G, D>
+where
+    F: CouplingFunction<D>,
+    G: CouplingFunction<D>,
+{
+    fn backward(
+        self: Box<Self>,
+        output: DispatchTensor,
+        output_gradient: DispatchTensor,
+        param_gradient: &mut dyn FnMut(ParamId, DispatchTensor),
+    ) -> DispatchTensor {
+        let Chain { f, g, mut anchors } = *self;
+
+        let mut y = Tensor::<D>::from_dispatch(output);
+        let mut dy = Tensor::<D>::from_dispatch(output_gradient);
+        // Walking back, each block is dropped once done, so its parameters are held no longer.
+        for (block, (f, g)) in f.into_iter().zip(g).enumerate().rev() {
+            let [y1, y2] = halves(y);
+            let [dy1, dy2] = halves(dy);
+            // x₂ = y₂ − G(y₁); G's backward adds Gᵀ·dy₂ to y₁'s gradient.
+            let y1_leaf = Tensor::from_inner(y1.clone()).require_grad();
+            let g = with_params(g, ParamsAs::FreshLeaves);
+            let g_out = g.forward(y1_leaf.clone());
+            let x2 = y2 - g_out.clone().inner();
+            let grads = (g_out * Tensor::from_inner(dy2.clone())).sum().backward();
+            let dy1 = dy1 + y1_leaf.grad(&grads).expect("y₁ takes part in G");
+            hand_over(&g, &grads, param_gradient);
+            // x₁ = y₁ − F(x₂); F's backward adds Fᵀ·dy₁ to x₂'s gradient.
+            let x2_leaf = Tensor::from_inner(x2.clone()).require_grad();
+            let f = with_params(f, ParamsAs::FreshLeaves);
+            let f_out = f.forward(x2_leaf.clone());
+            let x1 = y1 - f_out.clone().inner();
+            let grads = (f_out * Tensor::from_inner(dy1.clone())).sum().backward();
+            let dx2 = dy2 + x2_leaf.grad(&grads).expect("x₂ takes part in F");
+            hand_over(&f, &grads, param_gradient);
+
+            y = match anchors.last() {
+                Some((kept, _)) if *kept == block => anchors.pop().expect("just seen").1,
+                _ => Tensor::cat(vec![x1, x2], D - 1),
+            };
+            dy = Tensor::cat(vec![dy1, dx2], D - 1);
+        }
+        dy.into_dispatch()
+    }
+}
+
+/// Every parameter of `module`'s gradient in `grads`, handed over with its id.
+fn hand_over<M: Module>(
+    module: &M,
+    grads: &Gradients,
+    param_gradient: &mut dyn FnMut(ParamId, DispatchTensor),
+) {
+    struct HandOver<'a> {
+        grads: &'a Gradients,
+        param_gradient: &'a mut dyn FnMut(ParamId, DispatchTensor),
+    }
+    impl ModuleVisitor for HandOver<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(gradient) = param.val().grad(self.grads) {
+                (self.param_gradient)(param.id, gradient.into_dispatch());
+            }
+        }
+    }
+    module.visit(&mut HandOver {
+        grads,
+        param_gradient,
+    });
+}
+
+/// The parameters of `module` that train (require a gradient): their autodiff leaves, whose
+/// graph nodes receive the gradients.
+fn trained_params<M: Module>(module: &M) -> Vec<(ParamId, DispatchTensor)> {
+    struct Trained(Vec<(ParamId, DispatchTensor)>);
+    impl ModuleVisitor for Trained {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let value = param.val();
+            if value.is_require_grad() {
+                self.0.push((param.id, value.into_dispatch()));
+            }
+        }
+    }
+    let mut trained = Trained(Vec::new());
+    module.visit(&mut trained);
+    trained.0
+}
+
+/// Where the parameters of a copy of a coupling function live, for [`with_params`].
+#[derive(Clone, Copy)]
+enum ParamsAs {
+    /// Outside autodiff: the forward pass and the inverse build no graph.
+    Detached,
+    /// On the autodiff device, tracked by no graph: training-mode behaviour (dropout) is on.
+    Untracked,
+    /// Fresh autodiff leaves, for a graph of their own in the backward pass.
+    FreshLeaves,
+}
+
+/// `module` with its parameters (same values, same memory) placed as `params_as` says.
+fn with_params<M: Module>(module: M, params_as: ParamsAs) -> M {
+    struct Place(ParamsAs);
+    impl ModuleMapper for Place {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let (id, value, mapper) = param.consume();
+            let value = match self.0 {
+                ParamsAs::Detached => value.inner(),
+                ParamsAs::Untracked => Tensor::from_inner(value.inner()),
+                ParamsAs::FreshLeaves => Tensor::from_inner(value.inner()).require_grad(),
+            };
+            Param::from_mapped_value(id, value, mapper)
+        }
+    }
+    module.map(&mut Place(params_as))
+}
+
+fn copies<M: Module>(modules: &[M], params_as: ParamsAs) -> Vec<M> {
+    modules
+        .iter()
+        .map(|m| with_params(m.clone(), params_as))
+        .collect()
+}

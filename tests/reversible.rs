@@ -1,0 +1,264 @@
+//! `ReversibleSequence` against the same couplings run as a plain sequence under autodiff: the
+//! same output and the same gradients of the input and of every parameter; how far rebuilt
+//! inputs drift with depth and how anchors bound it; and the memory claim (the activation peak
+//! does not grow with depth).
+
+mod common;
+
+use burn::module::Module;
+use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
+use burn::prelude::*;
+use burn_memwall::memory::CountingAllocator;
+use burn_memwall::nn::{CouplingFunction, ReversibleError, ReversibleSequence};
+use common::{assert_close, devices, parameters};
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+/// `down(tanh(up(x)))`, optionally with dropout: a coupling function.
+#[derive(Module, Debug)]
+struct Mlp {
+    up: Linear,
+    down: Linear,
+    dropout: Dropout,
+}
+
+impl Mlp {
+    fn new(half: usize, hidden: usize, dropout: f64, device: &Device) -> Self {
+        Self {
+            up: LinearConfig::new(half, hidden).init(device),
+            down: LinearConfig::new(hidden, half).init(device),
+            dropout: DropoutConfig::new(dropout).init(),
+        }
+    }
+}
+
+impl CouplingFunction<3> for Mlp {
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        self.down
+            .forward(self.dropout.forward(self.up.forward(x).tanh()))
+    }
+}
+
+fn stack(depth: usize, half: usize, device: &Device) -> ReversibleSequence<Mlp, Mlp> {
+    let blocks = (0..depth)
+        .map(|_| {
+            (
+                Mlp::new(half, 2 * half, 0.0, device),
+                Mlp::new(half, 2 * half, 0.0, device),
+            )
+        })
+        .collect();
+    ReversibleSequence::new(blocks)
+}
+
+/// The reference: the couplings as plain autodiff ops, every activation kept.
+fn plain(stack: &ReversibleSequence<Mlp, Mlp>, x: Tensor<3>) -> Tensor<3> {
+    let half = x.dims()[2] / 2;
+    stack.f.iter().zip(&stack.g).fold(x, |x, (f, g)| {
+        let x1 = x.clone().narrow(2, 0, half);
+        let x2 = x.narrow(2, half, half);
+        let y1 = x1 + f.forward(x2.clone());
+        let y2 = x2 + g.forward(y1.clone());
+        Tensor::cat(vec![y1, y2], 2)
+    })
+}
+
+/// Inputs and output weights computed on the host (the device RNG is shared by parallel tests).
+fn host_tensor(dims: [usize; 3], salt: f32, device: &Device) -> Tensor<3> {
+    let n = dims.iter().product::<usize>();
+    let values: Vec<f32> = (0..n)
+        .map(|i| ((i as f32 * 0.7 + salt) * 1.3).sin())
+        .collect();
+    Tensor::<1>::from_floats(values.as_slice(), device).reshape(dims)
+}
+
+/// `(output, gradient of x, gradients of every parameter)` of `sum(forward(x) ∘ w)`.
+fn output_and_gradients(
+    stack: &ReversibleSequence<Mlp, Mlp>,
+    forward: impl Fn(&ReversibleSequence<Mlp, Mlp>, Tensor<3>) -> Tensor<3>,
+    device: &Device,
+) -> (TensorData, TensorData, Vec<TensorData>) {
+    let width = 2 * stack.f[0].up.weight.dims()[0];
+    let dims = [2, 5, width];
+    let x = host_tensor(dims, 0.3, device).require_grad();
+    let w = host_tensor(dims, 1.9, device);
+    let y = forward(stack, x.clone());
+    let grads = (y.clone() * w).sum().backward();
+    let dx = x.grad(&grads).expect("x has a gradient").into_data();
+    let mut params = Vec::new();
+    struct Collect<'a>(&'a burn::tensor::Gradients, &'a mut Vec<TensorData>);
+    impl burn::module::ModuleVisitor for Collect<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
+            let grad = param
+                .val()
+                .grad(self.0)
+                .expect("every parameter has a gradient");
+            self.1.push(grad.into_data());
+        }
+    }
+    stack.visit(&mut Collect(&grads, &mut params));
+    (y.into_data(), dx, params)
+}
+
+#[test]
+fn gradients_equal_the_plain_sequence() {
+    let _turn = common::take_turn(); // weights come from the shared RNG
+    for device in devices() {
+        let device = device.autodiff();
+        for depth in [1, 2, 7, 24] {
+            device.seed(depth as u64);
+            let stack = stack(depth, 4, &device);
+            let want = output_and_gradients(&stack, plain, &device);
+            let got = output_and_gradients(&stack, |s, x| s.forward(x), &device);
+            let context = (depth, &device);
+            assert_close("output", &context, 1e-5, got.0, want.0);
+            assert_close("input gradient", &context, 1e-4, got.1, want.1);
+            assert_eq!(got.2.len(), want.2.len());
+            assert_eq!(got.2.len(), depth * 8, "4 parameters in each of F and G");
+            for (got, want) in got.2.into_iter().zip(want.2) {
+                assert_close("parameter gradient", &context, 1e-4, got, want);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_chain_whose_input_needs_no_gradient_still_trains_its_parameters() {
+    let _turn = common::take_turn();
+    let device = Device::flex().autodiff();
+    device.seed(3);
+    let stack = stack(3, 4, &device);
+    let x = host_tensor([1, 3, 8], 0.1, &device);
+    let grads = stack.forward(x.clone()).sum().backward();
+    let want = plain(&stack, x).sum().backward();
+    let (got, want) = (
+        stack.f[0].up.weight.val().grad(&grads).unwrap().into_data(),
+        stack.f[0].up.weight.val().grad(&want).unwrap().into_data(),
+    );
+    assert_close("first weight's gradient", &"frozen input", 1e-4, got, want);
+}
+
+#[test]
+fn randomness_and_odd_widths_are_refused() {
+    let _turn = common::take_turn();
+    let device = Device::flex().autodiff();
+    let noisy = ReversibleSequence::new(vec![(
+        Mlp::new(4, 8, 0.0, &device),
+        Mlp::new(4, 8, 0.5, &device),
+    )]);
+    let x = host_tensor([2, 16, 8], 0.0, &device).require_grad();
+    assert_eq!(
+        noisy.try_forward(x.clone()).unwrap_err(),
+        ReversibleError::NotDeterministic {
+            block: 0,
+            function: "G"
+        }
+    );
+    // Outside training, dropout is off and the stack runs.
+    let valid = noisy.valid();
+    assert_eq!(valid.forward(x.clone().inner()).dims(), [2, 16, 8]);
+
+    let odd = host_tensor([1, 2, 7], 0.0, &device);
+    assert_eq!(
+        stack(1, 4, &device).try_forward(odd).unwrap_err(),
+        ReversibleError::OddWidth(7)
+    );
+}
+
+/// `‖x̂ − x‖ / ‖x‖` for `x̂` the input rebuilt from the output through `depth` inversions.
+fn reconstruction_drift(depth: usize, device: &Device) -> f64 {
+    device.seed(11);
+    let stack = stack(depth, 8, device);
+    let x = host_tensor([2, 5, 16], 0.3, device);
+    let rebuilt = stack.inverse(stack.forward(x.clone()));
+    let error = (rebuilt - x.clone()).powi_scalar(2).sum().sqrt();
+    let norm = x.powi_scalar(2).sum().sqrt();
+    (error / norm).into_scalar::<f64>()
+}
+
+/// The relative error of the input gradient at `depth`, anchors every `anchor_every` blocks:
+/// the rebuilt inputs feed it.
+fn input_gradient_error(depth: usize, anchor_every: usize, device: &Device) -> f64 {
+    device.seed(11);
+    let stack = stack(depth, 8, device).with_anchor_every(anchor_every);
+    let (_, want, _) = output_and_gradients(&stack, plain, device);
+    let (_, got, _) = output_and_gradients(&stack, |s, x| s.forward(x), device);
+    let (got, want) = (
+        got.try_into_vec_as::<f64>().unwrap(),
+        want.try_into_vec_as::<f64>().unwrap(),
+    );
+    let diff: f64 = got.iter().zip(&want).map(|(g, w)| (g - w).powi(2)).sum();
+    let norm: f64 = want.iter().map(|w| w.powi(2)).sum();
+    (diff / norm).sqrt()
+}
+
+/// Rebuilding is exact up to f32 rounding, which accumulates with depth; anchors restart it
+/// from kept inputs. The numbers are printed for docs/BENCHMARKS.md.
+#[test]
+fn rebuilt_inputs_drift_slowly_and_anchors_bound_it() {
+    let _turn = common::take_turn();
+    let device = Device::flex().autodiff();
+    for depth in [8, 64, 256] {
+        let drift = reconstruction_drift(depth, &device);
+        eprintln!("depth {depth}: ‖x̂ − x‖/‖x‖ = {drift:.2e}");
+        assert!(
+            drift > 0.0,
+            "f32 rounding makes some drift at depth {depth}"
+        );
+        assert!(
+            drift < 1e-6 * depth as f64,
+            "drift {drift:e} at depth {depth}"
+        );
+    }
+    let without = input_gradient_error(256, 0, &device);
+    let anchored = input_gradient_error(256, 8, &device);
+    eprintln!("depth 256: input-gradient error {without:.2e}, anchors every 8: {anchored:.2e}");
+    assert!(
+        anchored < without,
+        "anchors must shrink the error: {anchored:e} vs {without:e}"
+    );
+}
+
+/// Peak bytes of one forward + backward at `depth` on Flex, above what was live before (the
+/// parameters), for the reversible stack and for the plain one.
+fn train_peaks(depth: usize) -> (u64, u64) {
+    let device = Device::flex().autodiff();
+    device.seed(5);
+    let stack = stack(depth, 16, &device);
+    let _ = parameters(&stack); // draws every weight before measuring
+    let step = |forward: &dyn Fn(Tensor<3>) -> Tensor<3>| {
+        let x = host_tensor([8, 256, 32], 0.5, &device).require_grad();
+        let grads = forward(x.clone()).sum().backward();
+        drop(grads);
+    };
+    // The first training forward also checks that F and G are deterministic: a one-off.
+    step(&|x| stack.forward(x));
+    let peak = |forward: &dyn Fn(Tensor<3>) -> Tensor<3>| {
+        common::peak_of(&Device::flex(), || step(forward))
+    };
+    (peak(&|x| stack.forward(x)), peak(&|x| plain(&stack, x)))
+}
+
+#[test]
+fn the_activation_peak_does_not_grow_with_depth() {
+    let _turn = common::take_turn(); // peak readings are process-wide
+    let (reversible_8, plain_8) = train_peaks(8);
+    let (reversible_32, plain_32) = train_peaks(32);
+    let (reversible_growth, plain_growth) = (
+        reversible_32 as f64 / reversible_8 as f64,
+        plain_32 as f64 / plain_8 as f64,
+    );
+    eprintln!(
+        "depth 8 → 32: reversible {reversible_8} → {reversible_32} (×{reversible_growth:.2}), \
+         plain {plain_8} → {plain_32} (×{plain_growth:.2})"
+    );
+    assert!(
+        reversible_growth <= 1.3,
+        "the reversible peak grew ×{reversible_growth:.2} for ×4 depth"
+    );
+    assert!(
+        plain_growth >= 3.0,
+        "the measurement must see the plain stack's linear growth (×{plain_growth:.2})"
+    );
+}
