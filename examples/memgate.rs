@@ -13,7 +13,7 @@ use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, human_bytes};
 use burn_memwall_models::data::{TextTokenizer, load_text};
-use burn_memwall_models::lm::{AttentionKind, LmConfig, LossKind, human_count};
+use burn_memwall_models::lm::{AttentionKind, BlockKind, LmConfig, LossKind, human_count};
 use burn_memwall_models::training::{StepOptimizer, measure_steps};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
@@ -72,6 +72,7 @@ struct Stack {
     /// The fused linear + cross-entropy instead of full logits.
     fused_loss: bool,
     optimizer: StepOptimizer,
+    blocks: BlockKind,
 }
 
 const fn stack(
@@ -85,11 +86,21 @@ const fn stack(
         flash_attention,
         fused_loss,
         optimizer,
+        blocks: BlockKind::Standard,
+    }
+}
+
+/// `stack` with reversible blocks: a different model (each block at half the width), so its
+/// rows compare with each other more than with the standard ones.
+const fn reversible(stack: Stack) -> Stack {
+    Stack {
+        blocks: BlockKind::Reversible,
+        ..stack
     }
 }
 
 /// Every stack memgate knows, in the order they are reported.
-const STACKS: [Stack; 10] = [
+const STACKS: [Stack; 12] = [
     stack("baseline", false, false, StepOptimizer::AdamW),
     stack("flash-attention", true, false, StepOptimizer::AdamW),
     stack("fused-loss", false, true, StepOptimizer::AdamW),
@@ -120,6 +131,13 @@ const STACKS: [Stack; 10] = [
         StepOptimizer::InBackwardAdamW,
     ),
     stack("all-fused", true, true, StepOptimizer::InBackwardFusedAdamW),
+    reversible(stack("reversible", false, false, StepOptimizer::AdamW)),
+    reversible(stack(
+        "reversible+flash+fused",
+        true,
+        true,
+        StepOptimizer::AdamW,
+    )),
 ];
 
 fn find_stack(name: &str) -> Result<&'static Stack, String> {
@@ -261,6 +279,7 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
     if stack.fused_loss {
         config.loss = LossKind::Fused;
     }
+    config.blocks = stack.blocks;
     if let Some(tie) = args.tie_embeddings {
         config.tie_embeddings = tie;
     }

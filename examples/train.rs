@@ -13,7 +13,7 @@ use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes};
 use burn_memwall_models::data::{TextTokenizer, load_text};
-use burn_memwall_models::lm::{AttentionKind, LmConfig, LossKind, PRESETS, human_count};
+use burn_memwall_models::lm::{AttentionKind, BlockKind, LmConfig, LossKind, PRESETS, human_count};
 use burn_memwall_models::training::{Artifacts, RunConfig, TrainingConfig, train};
 use clap::{Parser, ValueEnum};
 
@@ -37,6 +37,14 @@ enum AttentionArg {
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum BlocksArg {
+    /// Pre-norm residual blocks (every block's activations kept for the backward pass).
+    Standard,
+    /// Reversible couplings at half the width (activation memory independent of depth).
+    Reversible,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
 enum LossArg {
     /// Full logits, then Burn's `CrossEntropyLoss` (keeps `[tokens, vocab]` for the backward).
     Burn,
@@ -53,6 +61,9 @@ struct Args {
     /// Attention implementation; both train the same weights.
     #[arg(long, value_enum, default_value = "burn")]
     attention: AttentionArg,
+    /// Block structure; `reversible` is a different model, not another algorithm.
+    #[arg(long, value_enum, default_value = "standard")]
+    blocks: BlocksArg,
     /// Loss implementation; both train the same weights to the same loss.
     #[arg(long, value_enum, default_value = "burn")]
     loss: LossArg,
@@ -125,6 +136,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     model.attention = match args.attention {
         AttentionArg::Burn => AttentionKind::Burn,
         AttentionArg::Flash => AttentionKind::Flash,
+    };
+    model.blocks = match args.blocks {
+        BlocksArg::Standard => BlockKind::Standard,
+        BlocksArg::Reversible => BlockKind::Reversible,
     };
     model.loss = match args.loss {
         LossArg::Burn => LossKind::Burn,

@@ -7,7 +7,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_memwall_models::Error;
-use burn_memwall_models::lm::{AttentionKind, LmConfig, LossKind, MlpKind, PRESETS};
+use burn_memwall_models::lm::{AttentionKind, BlockKind, LmConfig, LossKind, MlpKind, PRESETS};
 
 /// A small config exercising grouped-query attention and an untied head.
 fn small_gqa() -> LmConfig {
@@ -25,7 +25,8 @@ fn random_tokens(batch: usize, seq: usize, vocab: usize, device: &Device) -> Ten
 #[test]
 fn logits_have_batch_seq_vocab_shape_on_every_device() {
     for device in common::devices() {
-        for config in [LmConfig::preset("tiny").unwrap(), small_gqa()] {
+        let reversible = small_gqa().with_blocks(BlockKind::Reversible);
+        for config in [LmConfig::preset("tiny").unwrap(), small_gqa(), reversible] {
             let model = config.init(&device).unwrap();
             let logits = model.forward(random_tokens(3, 17, config.vocab_size, &device));
             assert_eq!(logits.dims(), [3, 17, config.vocab_size], "{device:?}");
@@ -154,6 +155,7 @@ fn param_count_is_exact() {
         small_gqa()
             .with_mlp(MlpKind::ReluSquared)
             .with_tie_embeddings(true),
+        small_gqa().with_blocks(BlockKind::Reversible),
     ];
     for config in variants {
         let model = config.init(&device).unwrap();
@@ -182,7 +184,7 @@ fn bad_configs_are_clear_errors() {
     let cases = [
         (
             LmConfig::new(100, 50, 2, 3, 3, 64, 16),
-            "n_heads = 3 does not divide d_model = 50",
+            "n_heads = 3 does not divide the attention width 50",
         ),
         (
             LmConfig::new(100, 48, 2, 6, 4, 64, 16),
@@ -193,6 +195,14 @@ fn bad_configs_are_clear_errors() {
             "vocab_size must be positive",
         ),
         (LmConfig::new(100, 48, 2, 16, 16, 64, 16), "even head width"),
+        (
+            LmConfig::new(100, 50, 2, 5, 5, 64, 16).with_blocks(BlockKind::Reversible),
+            "even head width, got 5",
+        ),
+        (
+            LmConfig::new(100, 49, 2, 7, 7, 64, 16).with_blocks(BlockKind::Reversible),
+            "split d_model in two halves; 49 is odd",
+        ),
     ];
     for (config, message) in cases {
         let error = config.init(&device).unwrap_err();

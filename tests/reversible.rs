@@ -10,6 +10,7 @@ use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::prelude::*;
 use burn_memwall::memory::CountingAllocator;
 use burn_memwall::nn::{CouplingFunction, ReversibleError, ReversibleSequence};
+use burn_memwall_models::lm::{AttentionKind, BlockKind, LmConfig, reversible_blocks};
 use common::{assert_close, devices, parameters};
 
 #[global_allocator]
@@ -53,7 +54,10 @@ fn stack(depth: usize, half: usize, device: &Device) -> ReversibleSequence<Mlp, 
 }
 
 /// The reference: the couplings as plain autodiff ops, every activation kept.
-fn plain(stack: &ReversibleSequence<Mlp, Mlp>, x: Tensor<3>) -> Tensor<3> {
+fn plain<F: CouplingFunction<3>, G: CouplingFunction<3>>(
+    stack: &ReversibleSequence<F, G>,
+    x: Tensor<3>,
+) -> Tensor<3> {
     let half = x.dims()[2] / 2;
     stack.f.iter().zip(&stack.g).fold(x, |x, (f, g)| {
         let x1 = x.clone().narrow(2, 0, half);
@@ -73,14 +77,15 @@ fn host_tensor(dims: [usize; 3], salt: f32, device: &Device) -> Tensor<3> {
     Tensor::<1>::from_floats(values.as_slice(), device).reshape(dims)
 }
 
-/// `(output, gradient of x, gradients of every parameter)` of `sum(forward(x) ∘ w)`.
-fn output_and_gradients(
-    stack: &ReversibleSequence<Mlp, Mlp>,
-    forward: impl Fn(&ReversibleSequence<Mlp, Mlp>, Tensor<3>) -> Tensor<3>,
+/// `(output, gradient of x, gradients of every parameter)` of `sum(forward(x) ∘ w)` for an
+/// input `[2, seq, width]`.
+fn output_and_gradients<F: CouplingFunction<3>, G: CouplingFunction<3>>(
+    stack: &ReversibleSequence<F, G>,
+    forward: impl Fn(&ReversibleSequence<F, G>, Tensor<3>) -> Tensor<3>,
+    [seq, width]: [usize; 2],
     device: &Device,
 ) -> (TensorData, TensorData, Vec<TensorData>) {
-    let width = 2 * stack.f[0].up.weight.dims()[0];
-    let dims = [2, 5, width];
+    let dims = [2, seq, width];
     let x = host_tensor(dims, 0.3, device).require_grad();
     let w = host_tensor(dims, 1.9, device);
     let y = forward(stack, x.clone());
@@ -101,6 +106,24 @@ fn output_and_gradients(
     (y.into_data(), dx, params)
 }
 
+/// Both ways give the same output and gradients, within `tolerance`.
+fn assert_same_as_plain<F: CouplingFunction<3>, G: CouplingFunction<3>>(
+    stack: &ReversibleSequence<F, G>,
+    shape: [usize; 2],
+    tolerance: f64,
+    context: &dyn std::fmt::Debug,
+    device: &Device,
+) {
+    let want = output_and_gradients(stack, plain, shape, device);
+    let got = output_and_gradients(stack, |s, x| s.forward(x), shape, device);
+    assert_close("output", context, 1e-5, got.0, want.0);
+    assert_close("input gradient", context, tolerance, got.1, want.1);
+    assert_eq!(got.2.len(), want.2.len());
+    for (got, want) in got.2.into_iter().zip(want.2) {
+        assert_close("parameter gradient", context, tolerance, got, want);
+    }
+}
+
 #[test]
 fn gradients_equal_the_plain_sequence() {
     let _turn = common::take_turn(); // weights come from the shared RNG
@@ -109,16 +132,26 @@ fn gradients_equal_the_plain_sequence() {
         for depth in [1, 2, 7, 24] {
             device.seed(depth as u64);
             let stack = stack(depth, 4, &device);
-            let want = output_and_gradients(&stack, plain, &device);
-            let got = output_and_gradients(&stack, |s, x| s.forward(x), &device);
-            let context = (depth, &device);
-            assert_close("output", &context, 1e-5, got.0, want.0);
-            assert_close("input gradient", &context, 1e-4, got.1, want.1);
-            assert_eq!(got.2.len(), want.2.len());
-            assert_eq!(got.2.len(), depth * 8, "4 parameters in each of F and G");
-            for (got, want) in got.2.into_iter().zip(want.2) {
-                assert_close("parameter gradient", &context, 1e-4, got, want);
-            }
+            assert_eq!(parameters(&stack).len(), depth * 8, "4 in each of F and G");
+            assert_same_as_plain(&stack, [5, 8], 1e-4, &(depth, &device), &device);
+        }
+    }
+}
+
+/// The reference LM's couplings: attention (Burn's or flash, grouped-query, rotary) as `F` and
+/// the MLP as `G`, each behind an RMSNorm.
+#[test]
+fn the_language_model_blocks_match_their_plain_sequence() {
+    let _turn = common::take_turn();
+    for device in devices() {
+        let device = device.autodiff();
+        for attention in [AttentionKind::Burn, AttentionKind::Flash] {
+            device.seed(9);
+            let config = LmConfig::new(64, 48, 3, 6, 2, 40, 16)
+                .with_blocks(BlockKind::Reversible)
+                .with_attention(attention);
+            let stack = reversible_blocks(&config, &device);
+            assert_same_as_plain(&stack, [7, 48], 1e-4, &(attention, &device), &device);
         }
     }
 }
@@ -182,8 +215,8 @@ fn reconstruction_drift(depth: usize, device: &Device) -> f64 {
 fn input_gradient_error(depth: usize, anchor_every: usize, device: &Device) -> f64 {
     device.seed(11);
     let stack = stack(depth, 8, device).with_anchor_every(anchor_every);
-    let (_, want, _) = output_and_gradients(&stack, plain, device);
-    let (_, got, _) = output_and_gradients(&stack, |s, x| s.forward(x), device);
+    let (_, want, _) = output_and_gradients(&stack, plain, [5, 16], device);
+    let (_, got, _) = output_and_gradients(&stack, |s, x| s.forward(x), [5, 16], device);
     let (got, want) = (
         got.try_into_vec_as::<f64>().unwrap(),
         want.try_into_vec_as::<f64>().unwrap(),

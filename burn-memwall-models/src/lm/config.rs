@@ -25,6 +25,19 @@ pub enum AttentionKind {
     Flash,
 }
 
+/// How the blocks keep what the backward pass needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BlockKind {
+    /// Pre-norm residual blocks, `x + attn(norm(x))` then `x + mlp(norm(x))`: every block's
+    /// activations are kept, so their memory grows with depth.
+    Standard,
+    /// Additive couplings on the two halves of the stream (`F` = attention, `G` = MLP, each at
+    /// half the width): `burn_memwall::nn::ReversibleSequence` keeps only the last block's
+    /// output and rebuilds the rest in backward. A different model, not a different algorithm
+    /// for the same weights.
+    Reversible,
+}
+
 /// How the training loss turns the final hidden states into a cross-entropy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LossKind {
@@ -60,6 +73,9 @@ pub struct LmConfig {
     /// Training loss implementation (the weights and the value are the same for both).
     #[config(default = "LossKind::Burn")]
     pub loss: LossKind,
+    /// Standard or reversible blocks.
+    #[config(default = "BlockKind::Standard")]
+    pub blocks: BlockKind,
     /// Feed-forward block.
     #[config(default = "MlpKind::SwiGlu")]
     pub mlp: MlpKind,
@@ -119,10 +135,21 @@ impl LmConfig {
                 return fail(format!("{name} must be positive"));
             }
         }
-        if self.d_model % self.n_heads != 0 {
+        // The width of the stream each attention sees: all of it, or half for a coupling.
+        let width = match self.blocks {
+            BlockKind::Standard => self.d_model,
+            BlockKind::Reversible if self.d_model % 2 == 0 => self.d_model / 2,
+            BlockKind::Reversible => {
+                return fail(format!(
+                    "reversible blocks split d_model in two halves; {} is odd",
+                    self.d_model
+                ));
+            }
+        };
+        if width % self.n_heads != 0 {
             return fail(format!(
-                "n_heads = {} does not divide d_model = {}",
-                self.n_heads, self.d_model
+                "n_heads = {} does not divide the attention width {width}",
+                self.n_heads
             ));
         }
         if self.n_heads % self.n_kv_heads != 0 {
@@ -131,10 +158,10 @@ impl LmConfig {
                 self.n_kv_heads, self.n_heads
             ));
         }
-        if self.d_head() % 2 != 0 {
+        if (width / self.n_heads) % 2 != 0 {
             return fail(format!(
                 "rotary embedding needs an even head width, got {}",
-                self.d_head()
+                width / self.n_heads
             ));
         }
         Ok(())
@@ -142,14 +169,19 @@ impl LmConfig {
 
     /// Exact number of trainable scalars of the model this config builds.
     pub fn param_count(&self) -> usize {
-        let d = self.d_model;
-        let kv = self.n_kv_heads * self.d_head();
+        // Each block works on the whole stream, or on half of it for a coupling.
+        let d = match self.blocks {
+            BlockKind::Standard => self.d_model,
+            BlockKind::Reversible => self.d_model / 2,
+        };
+        let kv = self.n_kv_heads * (d / self.n_heads);
         let attention = d * d + 2 * d * kv + d * d;
         let mlp = match self.mlp {
             MlpKind::SwiGlu => 3 * d * self.d_ff,
             MlpKind::ReluSquared => 2 * d * self.d_ff,
         };
         let norms_per_layer = 2 * d;
+        let d = self.d_model;
         let embedding = self.vocab_size * d;
         let head = if self.tie_embeddings {
             0

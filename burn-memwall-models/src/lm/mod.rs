@@ -4,8 +4,10 @@ mod attention;
 mod config;
 mod mlp;
 mod model;
+mod reversible;
 
 pub use attention::CausalSelfAttention;
-pub use config::{AttentionKind, LmConfig, LossKind, MlpKind, PRESETS, human_count};
+pub use config::{AttentionKind, BlockKind, LmConfig, LossKind, MlpKind, PRESETS, human_count};
 pub use mlp::Mlp;
 pub use model::{Block, LanguageModel};
+pub use reversible::{AttentionCoupling, MlpCoupling, reversible_blocks};

@@ -8,10 +8,13 @@ use burn::nn::{
 };
 use burn::prelude::*;
 
-use burn_memwall::nn::{FusedLinearCrossEntropyLossConfig, Routed};
+use burn_memwall::nn::{FusedLinearCrossEntropyLossConfig, ReversibleSequence, Routed};
 use burn_memwall::optim::InBackward;
 
-use super::{CausalSelfAttention, LmConfig, LossKind, Mlp};
+use super::{
+    AttentionCoupling, BlockKind, CausalSelfAttention, LmConfig, LossKind, Mlp, MlpCoupling,
+    reversible_blocks,
+};
 use crate::Error;
 
 /// One pre-norm transformer block: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
@@ -51,7 +54,10 @@ impl Block {
 #[derive(Module, Debug)]
 pub struct LanguageModel {
     embedding: Embedding,
+    /// The standard blocks (none when the blocks are reversible).
     blocks: Vec<Block>,
+    /// The reversible blocks, for [`BlockKind::Reversible`].
+    reversible: Option<ReversibleSequence<AttentionCoupling, MlpCoupling>>,
     norm: RmsNorm,
     head: Option<Linear>,
     rope: RotaryEncoding,
@@ -82,9 +88,14 @@ impl LmConfig {
         });
         Ok(LanguageModel {
             embedding,
-            blocks: (0..self.n_layers)
-                .map(|_| Block::new(self, device))
-                .collect(),
+            blocks: match self.blocks {
+                BlockKind::Standard => (0..self.n_layers)
+                    .map(|_| Block::new(self, device))
+                    .collect(),
+                BlockKind::Reversible => Vec::new(),
+            },
+            reversible: (self.blocks == BlockKind::Reversible)
+                .then(|| reversible_blocks(self, device)),
             norm: RmsNormConfig::new(self.d_model)
                 .with_epsilon(self.norm_eps)
                 .init(device),
@@ -139,12 +150,14 @@ impl LanguageModel {
             }
         );
         let route = self.route();
-        let x = self
-            .blocks
-            .iter()
-            .fold(route.embedding(&self.embedding, tokens), |x, block| {
-                block.forward(x, &self.rope, route)
-            });
+        let x = route.embedding(&self.embedding, tokens);
+        let x = match &self.reversible {
+            Some(reversible) => reversible.forward(x),
+            None => self
+                .blocks
+                .iter()
+                .fold(x, |x, block| block.forward(x, &self.rope, route)),
+        };
         route.rms_norm(&self.norm, x)
     }
 

@@ -108,7 +108,7 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
         let params = trained_params(self);
         if !x.is_autodiff() || (params.is_empty() && !x.is_tracked()) {
             // Nothing to differentiate: a plain forward pass.
-            return Ok(run_blocks(&self.f, &self.g, x, |_, _| {}));
+            return Ok(self.forward_plain(x));
         }
         if !self.checked.load(Ordering::Relaxed) {
             self.check_deterministic(&x)?;
@@ -117,10 +117,7 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
         // A chain whose input needs no gradient still owes its parameters theirs: the op is a
         // node of the graph only when its input is.
         let x = if x.is_tracked() { x } else { x.require_grad() };
-        let (f, g) = (
-            copies(&self.f, ParamsAs::Detached),
-            copies(&self.g, ParamsAs::Detached),
-        );
+        let (f, g) = (detached(&self.f), detached(&self.g));
         let mut anchors = Vec::new();
         let every = self.anchor_every;
         let output = run_blocks(&f, &g, x.clone().inner(), |block, input| {
@@ -133,6 +130,17 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
         Ok(reversible_attach(x, Tensor::from_inner(output), context))
     }
 
+    /// [`Self::forward`] as ordinary autodiff ops, every block's activations kept: the same
+    /// values, with the memory of a standard residual stack (to compare against, or to combine
+    /// with Burn's own gradient checkpointing).
+    pub fn forward_plain<const D: usize>(&self, x: Tensor<D>) -> Tensor<D>
+    where
+        F: CouplingFunction<D>,
+        G: CouplingFunction<D>,
+    {
+        run_blocks(&self.f, &self.g, x, |_, _| {})
+    }
+
     /// The input that [`Self::forward`] maps to `y`, rebuilt block by block from the last
     /// (`x₂ = y₂ − G(y₁)`, `x₁ = y₁ − F(x₂)`), as the backward pass does; not differentiable.
     pub fn inverse<const D: usize>(&self, y: Tensor<D>) -> Tensor<D>
@@ -140,10 +148,7 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
         F: CouplingFunction<D>,
         G: CouplingFunction<D>,
     {
-        let (f, g) = (
-            copies(&self.f, ParamsAs::Detached),
-            copies(&self.g, ParamsAs::Detached),
-        );
+        let (f, g) = (detached(&self.f), detached(&self.g));
         f.iter().zip(&g).rev().fold(y.inner(), |y, (f, g)| {
             let [y1, y2] = halves(y);
             let x2 = y2 - g.forward(y1.clone());
@@ -167,10 +172,7 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
         });
         let [x1, x2] = halves(probe);
         let same = |a: Tensor<D>, b: Tensor<D>| a.equal(b).all().into_scalar::<bool>();
-        let (f, g) = (
-            copies(&self.f, ParamsAs::Untracked),
-            copies(&self.g, ParamsAs::Untracked),
-        );
+        let (f, g) = (untracked(&self.f), untracked(&self.g));
         for (block, (f, g)) in f.iter().zip(&g).enumerate() {
             if !same(f.forward(x2.clone()), f.forward(x2.clone())) {
                 return Err(ReversibleError::NotDeterministic {
@@ -316,8 +318,6 @@ fn trained_params<M: Module>(module: &M) -> Vec<(ParamId, DispatchTensor)> {
 /// Where the parameters of a copy of a coupling function live, for [`with_params`].
 #[derive(Clone, Copy)]
 enum ParamsAs {
-    /// Outside autodiff: the forward pass and the inverse build no graph.
-    Detached,
     /// On the autodiff device, tracked by no graph: training-mode behaviour (dropout) is on.
     Untracked,
     /// Fresh autodiff leaves, for a graph of their own in the backward pass.
@@ -331,7 +331,6 @@ fn with_params<M: Module>(module: M, params_as: ParamsAs) -> M {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
             let (id, value, mapper) = param.consume();
             let value = match self.0 {
-                ParamsAs::Detached => value.inner(),
                 ParamsAs::Untracked => Tensor::from_inner(value.inner()),
                 ParamsAs::FreshLeaves => Tensor::from_inner(value.inner()).require_grad(),
             };
@@ -341,9 +340,18 @@ fn with_params<M: Module>(module: M, params_as: ParamsAs) -> M {
     module.map(&mut Place(params_as))
 }
 
-fn copies<M: Module>(modules: &[M], params_as: ParamsAs) -> Vec<M> {
+/// Copies of `modules` outside autodiff, parameters and constants alike (same values, same
+/// memory), so that the forward pass and the inverse build no graph. Like any module taken
+/// out of training, they have dropout off; [`ReversibleSequence::try_forward`] has checked
+/// that nothing else changes.
+fn detached<M: Module>(modules: &[M]) -> Vec<M> {
+    modules.iter().map(Module::valid).collect()
+}
+
+/// Copies of `modules` in training mode with untracked parameters, for the determinism check.
+fn untracked<M: Module>(modules: &[M]) -> Vec<M> {
     modules
         .iter()
-        .map(|m| with_params(m.clone(), params_as))
+        .map(|m| with_params(m.clone(), ParamsAs::Untracked))
         .collect()
 }
