@@ -266,34 +266,37 @@ fn misuse_is_a_clear_error() {
 }
 
 /// The reference LM routed through `InBackward` (tied embedding: read by the lookup and by the
-/// head) trains exactly as with Burn's AdamW step.
+/// head), with standard and with reversible blocks, trains exactly as with Burn's AdamW step.
 #[test]
 fn the_language_model_trains_the_same_in_backward() {
-    use burn_memwall_models::lm::LmConfig;
+    use burn_memwall_models::lm::{BlockKind, LmConfig};
     let device = Device::flex().autodiff();
-    let config = LmConfig::new(64, 16, 2, 2, 2, 32, 16);
-    device.seed(5);
-    let mut standard = config.init(&device).unwrap();
-    let in_backward = InBackward::new();
-    let mut routed = standard.clone().with_in_backward(Some(in_backward.clone()));
-    let tokens = Tensor::<2, Int>::from_ints([[1, 2, 3, 4], [5, 6, 7, 8]], &device);
-    let targets = Tensor::<2, Int>::from_ints([[2, 3, 4, 5], [6, 7, 8, 9]], &device);
-    let (mut standard_optim, mut routed_optim) =
-        (AdamWConfig::new().init(), AdamWConfig::new().init());
-    for step in 0..3 {
-        let loss = standard.loss(tokens.clone(), targets.clone());
-        let grads = GradientsParams::from_grads(loss.backward(), &standard);
-        standard = standard_optim.step(learning_rate(step), standard, grads);
-        let loss = routed.loss(tokens.clone(), targets.clone());
-        routed = in_backward
-            .step(&mut routed_optim, learning_rate(step), routed, loss)
-            .unwrap();
-        // `after_backward` counts what `GradientsParams::from_grads` found once backward was
-        // done: 0 is an empty `GradientsParams`, every update having run inside backward.
-        let counts = in_backward.last_step();
-        assert_eq!((counts.after_backward, counts.in_backward), (0, 20));
-        for (got, want) in parameters(&routed).into_iter().zip(parameters(&standard)) {
-            assert_close("parameter", &step, 1e-6, got, want);
+    for blocks in [BlockKind::Standard, BlockKind::Reversible] {
+        let config = LmConfig::new(64, 16, 2, 2, 2, 32, 16).with_blocks(blocks);
+        device.seed(5);
+        let mut standard = config.init(&device).unwrap();
+        let in_backward = InBackward::new();
+        let mut routed = standard.clone().with_in_backward(Some(in_backward.clone()));
+        let tokens = Tensor::<2, Int>::from_ints([[1, 2, 3, 4], [5, 6, 7, 8]], &device);
+        let targets = Tensor::<2, Int>::from_ints([[2, 3, 4, 5], [6, 7, 8, 9]], &device);
+        let (mut standard_optim, mut routed_optim) =
+            (AdamWConfig::new().init(), AdamWConfig::new().init());
+        for step in 0..3 {
+            let loss = standard.loss(tokens.clone(), targets.clone());
+            let grads = GradientsParams::from_grads(loss.backward(), &standard);
+            standard = standard_optim.step(learning_rate(step), standard, grads);
+            let loss = routed.loss(tokens.clone(), targets.clone());
+            routed = in_backward
+                .step(&mut routed_optim, learning_rate(step), routed, loss)
+                .unwrap();
+            // `after_backward` counts what `GradientsParams::from_grads` found once backward
+            // was done: 0 is an empty `GradientsParams`, every update having run inside it.
+            let counts = in_backward.last_step();
+            let params = parameters(&routed).len();
+            assert_eq!((counts.after_backward, counts.in_backward), (0, params));
+            for (got, want) in parameters(&routed).into_iter().zip(parameters(&standard)) {
+                assert_close("parameter", &(blocks, step), 1e-6, got, want);
+            }
         }
     }
 }

@@ -7,9 +7,12 @@ mod common;
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
+use burn::optim::AdamWConfig;
 use burn::prelude::*;
 use burn_memwall::memory::CountingAllocator;
 use burn_memwall::nn::{CouplingFunction, ReversibleError, ReversibleSequence};
+use burn_memwall::optim::InBackward;
+use burn_memwall::optim::in_backward::train_step;
 use burn_memwall_models::lm::{AttentionKind, BlockKind, LmConfig, reversible_blocks};
 use common::{assert_close, devices, parameters};
 
@@ -294,4 +297,35 @@ fn the_activation_peak_does_not_grow_with_depth() {
         plain_growth >= 3.0,
         "the measurement must see the plain stack's linear growth (×{plain_growth:.2})"
     );
+}
+
+/// With `InBackward`, every parameter of F and G is updated during the chain's own backward
+/// pass, and the result equals Burn's AdamW step after backward.
+#[test]
+fn parameters_update_inside_the_chains_backward() {
+    let _turn = common::take_turn();
+    let device = Device::flex().autodiff();
+    device.seed(13);
+    let mut standard = stack(3, 4, &device);
+    let in_backward = InBackward::new();
+    let mut routed = standard.clone().with_in_backward(Some(in_backward.clone()));
+    let (mut standard_optim, mut routed_optim) =
+        (AdamWConfig::new().init(), AdamWConfig::new().init());
+    for step in 0..3 {
+        let x = host_tensor([2, 5, 8], step as f32, &device).require_grad();
+        let w = host_tensor([2, 5, 8], 0.7, &device);
+        let loss = (standard.forward(x.clone()) * w.clone()).sum();
+        standard = train_step(None, &mut standard_optim, 1e-2, standard, loss).unwrap();
+        let loss = (routed.forward(x) * w).sum();
+        routed = train_step(Some(&in_backward), &mut routed_optim, 1e-2, routed, loss).unwrap();
+        let counts = in_backward.last_step();
+        assert_eq!(
+            (counts.in_backward, counts.after_backward),
+            (24, 0),
+            "step {step}"
+        );
+        for (got, want) in parameters(&routed).into_iter().zip(parameters(&standard)) {
+            assert_close("parameter", &step, 1e-5, got, want);
+        }
+    }
 }

@@ -125,6 +125,9 @@ impl LanguageModel {
     /// Routes every parameter through `in_backward` (or back to plain reads with `None`), so
     /// that training with [`InBackward::step`] updates each one during backward.
     pub fn with_in_backward(mut self, in_backward: Option<InBackward>) -> Self {
+        self.reversible = self
+            .reversible
+            .map(|blocks| blocks.with_in_backward(in_backward.clone()));
         self.in_backward = in_backward;
         self
     }

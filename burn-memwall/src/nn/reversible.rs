@@ -8,6 +8,7 @@
 //! evaluates `G` and `F` once more on fresh leaves, which gives both the inverse and the
 //! gradients: one extra forward pass in all, and the activations of one block at a time.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -17,6 +18,8 @@ use burn::prelude::*;
 use burn::tensor::Gradients;
 
 use crate::ops::reversible::{ChainContext, ReversibleChain, reversible_attach};
+use crate::optim::InBackward;
+use crate::optim::in_backward::ExternalUse;
 
 /// A function of a coupling: `[..., d_half]` → `[..., d_half]`. It must be deterministic: the
 /// backward pass evaluates it again and must get the same values.
@@ -54,6 +57,9 @@ pub struct ReversibleSequence<F: Module, G: Module> {
     /// Whether `F` and `G` were found deterministic, checked once, at the first training step.
     #[module(skip)]
     checked: Arc<AtomicBool>,
+    /// Set by [`Self::with_in_backward`].
+    #[module(skip)]
+    in_backward: Option<InBackward>,
 }
 
 impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F, G> {
@@ -65,7 +71,16 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
             g,
             anchor_every: 0,
             checked: Arc::default(),
+            in_backward: None,
         }
+    }
+
+    /// Updates every parameter of `F` and `G` through `in_backward` during the backward pass,
+    /// as soon as the walk back through its block has its gradient (with
+    /// [`InBackward::step`]); `None` gives the gradients to the parameters the standard way.
+    pub fn with_in_backward(mut self, in_backward: Option<InBackward>) -> Self {
+        self.in_backward = in_backward;
+        self
     }
 
     /// Keeps the input of every `blocks`-th block (0: none), which bounds how far the rebuilt
@@ -125,7 +140,16 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
                 anchors.push((block, input.clone()));
             }
         });
-        let chain = Chain { f, g, anchors };
+        let routing = self.in_backward.clone().map(|in_backward| {
+            let uses = external_uses(self, &in_backward);
+            Routing { in_backward, uses }
+        });
+        let chain = Chain {
+            f,
+            g,
+            anchors,
+            routing,
+        };
         let context = ChainContext::new(Box::new(chain), params);
         Ok(reversible_attach(x, Tensor::from_inner(output), context))
     }
@@ -227,6 +251,25 @@ struct Chain<F, G, const D: usize> {
     f: Vec<F>,
     g: Vec<G>,
     anchors: Vec<(usize, Tensor<D>)>,
+    routing: Option<Routing>,
+}
+
+/// The parameters whose gradients go to an [`InBackward`] instead of to the graph.
+#[derive(Debug)]
+struct Routing {
+    in_backward: InBackward,
+    /// One use per read: a parameter shared by several blocks has several.
+    uses: HashMap<ParamId, Vec<ExternalUse>>,
+}
+
+impl Routing {
+    /// `gradient` to the parameter's update, or back when it is not routed or no step runs.
+    fn hand_over(&mut self, id: ParamId, gradient: DispatchTensor) -> Option<DispatchTensor> {
+        match self.uses.get_mut(&id).and_then(Vec::pop) {
+            Some(external) => self.in_backward.complete_external(external, gradient),
+            None => Some(gradient),
+        }
+    }
 }
 
 impl<F, G, const D: usize> ReversibleChain for Chain<F, G, D>
@@ -240,8 +283,23 @@ where
         output_gradient: DispatchTensor,
         param_gradient: &mut dyn FnMut(ParamId, DispatchTensor),
     ) -> DispatchTensor {
-        let Chain { f, g, mut anchors } = *self;
-
+        let Chain {
+            f,
+            g,
+            mut anchors,
+            mut routing,
+        } = *self;
+        let mut give = |gradients: Vec<(ParamId, DispatchTensor)>| {
+            for (id, gradient) in gradients {
+                let gradient = match routing.as_mut() {
+                    Some(routing) => routing.hand_over(id, gradient),
+                    None => Some(gradient),
+                };
+                if let Some(gradient) = gradient {
+                    param_gradient(id, gradient);
+                }
+            }
+        };
         let mut y = Tensor::<D>::from_dispatch(output);
         let mut dy = Tensor::<D>::from_dispatch(output_gradient);
         // Walking back, each block is dropped once done, so its parameters are held no longer.
@@ -249,21 +307,15 @@ where
             let [y1, y2] = halves(y);
             let [dy1, dy2] = halves(dy);
             // x₂ = y₂ − G(y₁); G's backward adds Gᵀ·dy₂ to y₁'s gradient.
-            let y1_leaf = Tensor::from_inner(y1.clone()).require_grad();
-            let g = with_params(g, ParamsAs::FreshLeaves);
-            let g_out = g.forward(y1_leaf.clone());
-            let x2 = y2 - g_out.clone().inner();
-            let grads = (g_out * Tensor::from_inner(dy2.clone())).sum().backward();
-            let dy1 = dy1 + y1_leaf.grad(&grads).expect("y₁ takes part in G");
-            hand_over(&g, &grads, param_gradient);
+            let (g_out, g_input_gradient, g_gradients) = recompute(g, y1.clone(), dy2.clone());
+            let x2 = y2 - g_out;
+            let dy1 = dy1 + g_input_gradient;
+            give(g_gradients);
             // x₁ = y₁ − F(x₂); F's backward adds Fᵀ·dy₁ to x₂'s gradient.
-            let x2_leaf = Tensor::from_inner(x2.clone()).require_grad();
-            let f = with_params(f, ParamsAs::FreshLeaves);
-            let f_out = f.forward(x2_leaf.clone());
-            let x1 = y1 - f_out.clone().inner();
-            let grads = (f_out * Tensor::from_inner(dy1.clone())).sum().backward();
-            let dx2 = dy2 + x2_leaf.grad(&grads).expect("x₂ takes part in F");
-            hand_over(&f, &grads, param_gradient);
+            let (f_out, f_input_gradient, f_gradients) = recompute(f, x2.clone(), dy1.clone());
+            let x1 = y1 - f_out;
+            let dx2 = dy2 + f_input_gradient;
+            give(f_gradients);
 
             y = match anchors.last() {
                 Some((kept, _)) if *kept == block => anchors.pop().expect("just seen").1,
@@ -275,27 +327,68 @@ where
     }
 }
 
-/// Every parameter of `module`'s gradient in `grads`, handed over with its id.
-fn hand_over<M: Module>(
-    module: &M,
-    grads: &Gradients,
-    param_gradient: &mut dyn FnMut(ParamId, DispatchTensor),
-) {
-    struct HandOver<'a> {
+/// `(function(x), the gradient of ⟨function(x), d_out⟩ for x, and for each parameter)`, on a
+/// graph of its own (fresh leaves). `function` is dropped before the gradients are handed over,
+/// so an in-place update finds no other handle on its weights.
+fn recompute<M: CouplingFunction<D>, const D: usize>(
+    function: M,
+    x: Tensor<D>,
+    d_out: Tensor<D>,
+) -> (Tensor<D>, Tensor<D>, Vec<(ParamId, DispatchTensor)>) {
+    let x = Tensor::from_inner(x).require_grad();
+    let function = with_params(function, ParamsAs::FreshLeaves);
+    let out = function.forward(x.clone());
+    let grads = (out.clone() * Tensor::from_inner(d_out)).sum().backward();
+    let input_gradient = x
+        .grad(&grads)
+        .expect("the input takes part in the function");
+    let param_gradients = param_gradients(&function, &grads);
+    (out.inner(), input_gradient, param_gradients)
+}
+
+/// Every parameter of `module` with its gradient in `grads`.
+fn param_gradients<M: Module>(module: &M, grads: &Gradients) -> Vec<(ParamId, DispatchTensor)> {
+    struct Collect<'a> {
         grads: &'a Gradients,
-        param_gradient: &'a mut dyn FnMut(ParamId, DispatchTensor),
+        found: Vec<(ParamId, DispatchTensor)>,
     }
-    impl ModuleVisitor for HandOver<'_> {
+    impl ModuleVisitor for Collect<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             if let Some(gradient) = param.val().grad(self.grads) {
-                (self.param_gradient)(param.id, gradient.into_dispatch());
+                self.found.push((param.id, gradient.into_dispatch()));
             }
         }
     }
-    module.visit(&mut HandOver {
+    let mut collect = Collect {
         grads,
-        param_gradient,
-    });
+        found: Vec::new(),
+    };
+    module.visit(&mut collect);
+    collect.found
+}
+
+/// One [`ExternalUse`] of `in_backward` per read of a trained parameter of `module`.
+fn external_uses<M: Module>(
+    module: &M,
+    in_backward: &InBackward,
+) -> HashMap<ParamId, Vec<ExternalUse>> {
+    struct Uses<'a> {
+        in_backward: &'a InBackward,
+        uses: HashMap<ParamId, Vec<ExternalUse>>,
+    }
+    impl ModuleVisitor for Uses<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(external) = self.in_backward.external_use(param) {
+                self.uses.entry(param.id).or_default().push(external);
+            }
+        }
+    }
+    let mut uses = Uses {
+        in_backward,
+        uses: HashMap::new(),
+    };
+    module.visit(&mut uses);
+    uses.uses
 }
 
 /// The parameters of `module` that train (require a gradient): their autodiff leaves, whose

@@ -51,7 +51,7 @@ mod param_at_path;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use burn::backend::Dispatch;
+use burn::backend::{Dispatch, DispatchTensor};
 use burn::lr_scheduler::module_lr_scheduler::ModuleLearningRate;
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
@@ -137,6 +137,15 @@ pub fn train_step<M: Module, const D: usize>(
             Ok(optimizer.step(learning_rate, model, grads))
         }
     }
+}
+
+/// A parameter's use by an op outside the graph, from [`InBackward::external_use`].
+#[derive(Debug)]
+pub(crate) struct ExternalUse {
+    id: ParamId,
+    apply: hook::ApplyGradient,
+    /// The parameter's value, outside autodiff: the update's input.
+    value: BridgeTensor,
 }
 
 type UpdateFn = fn(&mut StepState, ParamId, BridgeTensor, BridgeTensor);
@@ -317,6 +326,45 @@ impl InBackward {
     /// gradient on.
     fn stepping(&self) -> bool {
         self.lock().optimizer.is_some()
+    }
+
+    /// Counts a use of `param` by an op that reads it outside the graph and hands its gradient
+    /// over itself ([`crate::nn::ReversibleSequence`]): `None` for a frozen parameter.
+    pub(crate) fn external_use<const D: usize>(
+        &self,
+        param: &Param<Tensor<D>>,
+    ) -> Option<ExternalUse> {
+        let value = param.val();
+        if !value.is_require_grad() {
+            return None;
+        }
+        *self.lock().uses.entry(param.id).or_default() += 1;
+        Some(ExternalUse {
+            id: param.id,
+            apply: apply_gradient::<D>,
+            value: value.inner().into_bridge(),
+        })
+    }
+
+    /// Ends `external` with its parameter's complete `gradient` for this use: during a step,
+    /// the update runs (at the parameter's last use) and `None` is returned; outside a step the
+    /// gradient is handed back, for the op to give to the parameter the standard way.
+    pub(crate) fn complete_external(
+        &self,
+        external: ExternalUse,
+        gradient: DispatchTensor,
+    ) -> Option<DispatchTensor> {
+        if !self.stepping() {
+            self.release_use(external.id);
+            return Some(gradient);
+        }
+        (external.apply)(
+            self,
+            external.id,
+            external.value,
+            BridgeTensor::float(gradient),
+        );
+        None
     }
 
     /// A hook's backward ran outside a step: its use is over.
