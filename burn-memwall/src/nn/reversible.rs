@@ -8,7 +8,7 @@
 //! evaluates `G` and `F` once more on fresh leaves, which gives both the inverse and the
 //! gradients: one extra forward pass in all, and the activations of one block at a time.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -144,11 +144,13 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
             let uses = external_uses(self, &in_backward);
             Routing { in_backward, uses }
         });
+        let trained = params.iter().map(|(id, _)| *id).collect();
         let chain = Chain {
             f,
             g,
             anchors,
             routing,
+            trained,
         };
         let context = ChainContext::new(Box::new(chain), params);
         Ok(reversible_attach(x, Tensor::from_inner(output), context))
@@ -252,6 +254,8 @@ struct Chain<F, G, const D: usize> {
     g: Vec<G>,
     anchors: Vec<(usize, Tensor<D>)>,
     routing: Option<Routing>,
+    /// The parameters that train: only they get a gradient in the recomputation.
+    trained: HashSet<ParamId>,
 }
 
 /// The parameters whose gradients go to an [`InBackward`] instead of to the graph.
@@ -288,6 +292,7 @@ where
             g,
             mut anchors,
             mut routing,
+            trained,
         } = *self;
         let mut give = |gradients: Vec<(ParamId, DispatchTensor)>| {
             for (id, gradient) in gradients {
@@ -307,12 +312,14 @@ where
             let [y1, y2] = halves(y);
             let [dy1, dy2] = halves(dy);
             // x₂ = y₂ − G(y₁); G's backward adds Gᵀ·dy₂ to y₁'s gradient.
-            let (g_out, g_input_gradient, g_gradients) = recompute(g, y1.clone(), dy2.clone());
+            let (g_out, g_input_gradient, g_gradients) =
+                recompute(g, y1.clone(), dy2.clone(), &trained);
             let x2 = y2 - g_out;
             let dy1 = dy1 + g_input_gradient;
             give(g_gradients);
             // x₁ = y₁ − F(x₂); F's backward adds Fᵀ·dy₁ to x₂'s gradient.
-            let (f_out, f_input_gradient, f_gradients) = recompute(f, x2.clone(), dy1.clone());
+            let (f_out, f_input_gradient, f_gradients) =
+                recompute(f, x2.clone(), dy1.clone(), &trained);
             let x1 = y1 - f_out;
             let dx2 = dy2 + f_input_gradient;
             give(f_gradients);
@@ -328,15 +335,17 @@ where
 }
 
 /// `(function(x), the gradient of ⟨function(x), d_out⟩ for x, and for each parameter)`, on a
-/// graph of its own (fresh leaves). `function` is dropped before the gradients are handed over,
-/// so an in-place update finds no other handle on its weights.
+/// graph of its own (fresh leaves; frozen parameters stay constants, so their gradients are
+/// not computed). `function` is dropped before the gradients are handed over, so an in-place
+/// update finds no other handle on its weights.
 fn recompute<M: CouplingFunction<D>, const D: usize>(
     function: M,
     x: Tensor<D>,
     d_out: Tensor<D>,
+    trained: &HashSet<ParamId>,
 ) -> (Tensor<D>, Tensor<D>, Vec<(ParamId, DispatchTensor)>) {
     let x = Tensor::from_inner(x).require_grad();
-    let function = with_params(function, ParamsAs::FreshLeaves);
+    let function = with_params(function, ParamsAs::FreshLeaves { trained });
     let out = function.forward(x.clone());
     let grads = (out.clone() * Tensor::from_inner(d_out)).sum().backward();
     let input_gradient = x
@@ -410,22 +419,24 @@ fn trained_params<M: Module>(module: &M) -> Vec<(ParamId, DispatchTensor)> {
 
 /// Where the parameters of a copy of a coupling function live, for [`with_params`].
 #[derive(Clone, Copy)]
-enum ParamsAs {
+enum ParamsAs<'a> {
     /// On the autodiff device, tracked by no graph: training-mode behaviour (dropout) is on.
     Untracked,
-    /// Fresh autodiff leaves, for a graph of their own in the backward pass.
-    FreshLeaves,
+    /// On the autodiff device, the `trained` ones as fresh leaves, for a graph of their own in
+    /// the backward pass.
+    FreshLeaves { trained: &'a HashSet<ParamId> },
 }
 
 /// `module` with its parameters (same values, same memory) placed as `params_as` says.
 fn with_params<M: Module>(module: M, params_as: ParamsAs) -> M {
-    struct Place(ParamsAs);
-    impl ModuleMapper for Place {
+    struct Place<'a>(ParamsAs<'a>);
+    impl ModuleMapper for Place<'_> {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
             let (id, value, mapper) = param.consume();
+            let value = Tensor::from_inner(value.inner());
             let value = match self.0 {
-                ParamsAs::Untracked => Tensor::from_inner(value.inner()),
-                ParamsAs::FreshLeaves => Tensor::from_inner(value.inner()).require_grad(),
+                ParamsAs::FreshLeaves { trained } if trained.contains(&id) => value.require_grad(),
+                _ => value,
             };
             Param::from_mapped_value(id, value, mapper)
         }
