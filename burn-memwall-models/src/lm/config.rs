@@ -114,9 +114,18 @@ impl LmConfig {
         Ok(config)
     }
 
+    /// Width of the stream each block's attention and MLP work on: all of it, or one half for
+    /// a reversible coupling.
+    pub fn block_width(&self) -> usize {
+        match self.blocks {
+            BlockKind::Standard => self.d_model,
+            BlockKind::Reversible => self.d_model / 2,
+        }
+    }
+
     /// Width of one attention head.
     pub fn d_head(&self) -> usize {
-        self.d_model / self.n_heads
+        self.block_width() / self.n_heads
     }
 
     /// Checks that the shapes fit together, naming the first that does not.
@@ -135,17 +144,13 @@ impl LmConfig {
                 return fail(format!("{name} must be positive"));
             }
         }
-        // The width of the stream each attention sees: all of it, or half for a coupling.
-        let width = match self.blocks {
-            BlockKind::Standard => self.d_model,
-            BlockKind::Reversible if self.d_model % 2 == 0 => self.d_model / 2,
-            BlockKind::Reversible => {
-                return fail(format!(
-                    "reversible blocks split d_model in two halves; {} is odd",
-                    self.d_model
-                ));
-            }
-        };
+        if self.blocks == BlockKind::Reversible && self.d_model % 2 != 0 {
+            return fail(format!(
+                "reversible blocks split d_model in two halves; {} is odd",
+                self.d_model
+            ));
+        }
+        let width = self.block_width();
         if width % self.n_heads != 0 {
             return fail(format!(
                 "n_heads = {} does not divide the attention width {width}",
@@ -158,10 +163,10 @@ impl LmConfig {
                 self.n_kv_heads, self.n_heads
             ));
         }
-        if (width / self.n_heads) % 2 != 0 {
+        if self.d_head() % 2 != 0 {
             return fail(format!(
                 "rotary embedding needs an even head width, got {}",
-                width / self.n_heads
+                self.d_head()
             ));
         }
         Ok(())
@@ -169,12 +174,8 @@ impl LmConfig {
 
     /// Exact number of trainable scalars of the model this config builds.
     pub fn param_count(&self) -> usize {
-        // Each block works on the whole stream, or on half of it for a coupling.
-        let d = match self.blocks {
-            BlockKind::Standard => self.d_model,
-            BlockKind::Reversible => self.d_model / 2,
-        };
-        let kv = self.n_kv_heads * (d / self.n_heads);
+        let d = self.block_width();
+        let kv = self.n_kv_heads * self.d_head();
         let attention = d * d + 2 * d * kv + d * d;
         let mlp = match self.mlp {
             MlpKind::SwiGlu => 3 * d * self.d_ff,

@@ -7,7 +7,7 @@ use burn::nn::{RmsNorm, RmsNormConfig, RotaryEncoding, RotaryEncodingConfig};
 use burn::prelude::*;
 use burn_memwall::nn::{CouplingFunction, ReversibleSequence, Routed};
 
-use super::{CausalSelfAttention, LmConfig, Mlp};
+use super::{BlockKind, CausalSelfAttention, LmConfig, Mlp};
 
 /// `attention(norm(x))` on one half of the stream: `F` of a coupling.
 #[derive(Module, Debug)]
@@ -47,8 +47,10 @@ pub fn reversible_blocks(
     config: &LmConfig,
     device: &Device,
 ) -> ReversibleSequence<AttentionCoupling, MlpCoupling> {
+    // Each half-block is a standard block of half the width.
     let half = LmConfig {
-        d_model: config.d_model / 2,
+        d_model: config.block_width(),
+        blocks: BlockKind::Standard,
         ..config.clone()
     };
     let norm = || {
@@ -56,14 +58,16 @@ pub fn reversible_blocks(
             .with_epsilon(half.norm_eps)
             .init(device)
     };
+    // One table of constants, shared by every block.
+    let rope = RotaryEncodingConfig::new(half.max_seq_len, half.d_head())
+        .with_theta(half.rope_theta)
+        .init(device);
     let blocks = (0..config.n_layers)
         .map(|_| {
             let f = AttentionCoupling {
                 norm: norm(),
                 attention: CausalSelfAttention::new(&half, device),
-                rope: RotaryEncodingConfig::new(half.max_seq_len, half.d_head())
-                    .with_theta(half.rope_theta)
-                    .init(device),
+                rope: rope.clone(),
             };
             let g = MlpCoupling {
                 norm: norm(),

@@ -20,11 +20,13 @@ pub enum StepOptimizer {
     AdamW,
     /// AdamW applied during backward by [`InBackward`].
     InBackwardAdamW,
-    /// burn-memwall's in-place [`FusedAdamW`](burn_memwall::optim::FusedAdamW) applied during backward.
+    /// burn-memwall's in-place [`FusedAdamW`](burn_memwall::optim::FusedAdamW) applied during
+    /// backward.
     InBackwardFusedAdamW,
     /// Plain SGD (no state) applied during backward by [`InBackward`].
     InBackwardSgd,
-    /// burn-memwall's in-place [`FusedSgd`](burn_memwall::optim::FusedSgd) (momentum 0.9, dampening 0.1) applied during backward.
+    /// burn-memwall's in-place [`FusedSgd`](burn_memwall::optim::FusedSgd) (momentum 0.9,
+    /// dampening 0.1) applied during backward.
     InBackwardFusedSgd,
 }
 

@@ -120,9 +120,12 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
         if !width.is_multiple_of(2) {
             return Err(ReversibleError::OddWidth(width));
         }
+        if !x.is_autodiff() {
+            // Nothing to differentiate (inference): a plain forward pass.
+            return Ok(self.forward_plain(x));
+        }
         let params = trained_params(self);
-        if !x.is_autodiff() || (params.is_empty() && !x.is_tracked()) {
-            // Nothing to differentiate: a plain forward pass.
+        if params.is_empty() && !x.is_tracked() {
             return Ok(self.forward_plain(x));
         }
         if !self.checked.load(Ordering::Relaxed) {

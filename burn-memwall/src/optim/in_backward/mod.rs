@@ -32,9 +32,10 @@
 //! gradient and the optimizer's temporaries: with Burn's AdamW on Flex one more parameter-sized
 //! tensor (the new weights, made before the old ones are freed), on Cube several; with
 //! [`FusedAdamW`](crate::optim::FusedAdamW), [`FusedSgd`](crate::optim::FusedSgd) or
-//! [`FusedLion`](crate::optim::FusedLion), which write in place, none. This needs the step to own the only
-//! handle on the weights: a clone of the model kept elsewhere (or burn-train's `Learner`, which
-//! keeps one while it optimizes) makes every update be written beside the old weights.
+//! [`FusedLion`](crate::optim::FusedLion), which write in place, none. This needs the step to
+//! own the only handle on the weights: a clone of the model kept elsewhere (or burn-train's
+//! `Learner`, which keeps one while it optimizes) makes every update be written beside the old
+//! weights.
 //!
 //! # What cannot work in backward
 //! - Gradient accumulation: a parameter is updated as soon as one batch's gradient is complete,
