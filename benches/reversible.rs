@@ -1,12 +1,14 @@
 //! Forward + backward of a stack of the reference LM's blocks at growing depth, fixed width and
 //! tokens: reversible couplings (`ReversibleSequence`), the same couplings as plain autodiff ops,
 //! and the plain ones under Burn's `BalancedCheckpointing`, in one run: peak bytes above the
-//! parameters and input, and median time, per depth. The parameters are frozen: their gradients
-//! would grow with depth in all three paths alike, and the peak measured here is the
-//! activations'.
+//! parameters and input, and median time, per depth. The parameters are frozen unless
+//! `--trained`: their gradients would grow with depth in all three paths alike, and the peak
+//! measured here is the activations'. Frozen, a backward pass costs about one forward pass, so
+//! the reversible path's extra forward weighs more than in training; `--trained` measures that
+//! case (its peak then includes the parameters' gradients).
 //!
 //! ```text
-//! cargo bench --bench reversible -- [--device flex|wgpu] [--depths 8,32,128] [--width 256] [--seq 256] [--batch 4] [--repeats 3] [--json out.json]
+//! cargo bench --bench reversible -- [--device flex|wgpu] [--depths 8,32,128] [--width 256] [--seq 256] [--batch 4] [--trained] [--repeats 3] [--json out.json]
 //! ```
 //!
 //! Each (path, depth) runs in its own child process, so no measurement inherits another's
@@ -44,6 +46,9 @@ struct Args {
     /// Attention of `F`: burn or flash.
     #[arg(long, default_value = "flash")]
     attention: String,
+    /// Train the parameters (compute their gradients) instead of freezing them.
+    #[arg(long)]
+    trained: bool,
 }
 
 #[derive(Serialize, Deserialize, Debug)]
@@ -120,7 +125,8 @@ fn measure(args: &Args, path: &str, depth: usize) -> Result<Row, Box<dyn std::er
             other => return Err(format!("unknown attention {other}").into()),
         });
     config.validate()?;
-    let stack = reversible_blocks(&config, &autodiff).no_grad();
+    let stack = reversible_blocks(&config, &autodiff);
+    let stack = if args.trained { stack } else { stack.no_grad() };
     let shape = [args.batch, args.seq, args.width];
     let x = Tensor::<3>::random(shape, Distribution::Normal(0.0, 1.0), &autodiff).require_grad();
     let weights = Tensor::<3>::random(shape, Distribution::Normal(0.0, 1.0), &autodiff);

@@ -9,6 +9,7 @@ use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::optim::AdamWConfig;
 use burn::prelude::*;
+use burn::tensor::FloatDType;
 use burn_memwall::memory::CountingAllocator;
 use burn_memwall::nn::{CouplingFunction, ReversibleError, ReversibleSequence};
 use burn_memwall::optim::InBackward;
@@ -202,24 +203,54 @@ fn randomness_and_odd_widths_are_refused() {
     );
 }
 
-/// `‖x̂ − x‖ / ‖x‖` for `x̂` the input rebuilt from the output through `depth` inversions.
-fn reconstruction_drift(depth: usize, device: &Device) -> f64 {
+/// `stack` with every parameter in `dtype`, each a leaf of its own.
+fn cast_stack(
+    stack: ReversibleSequence<Mlp, Mlp>,
+    dtype: FloatDType,
+) -> ReversibleSequence<Mlp, Mlp> {
+    struct Cast(FloatDType);
+    impl burn::module::ModuleMapper for Cast {
+        fn map_float<const D: usize>(
+            &mut self,
+            param: burn::module::Param<Tensor<D>>,
+        ) -> burn::module::Param<Tensor<D>> {
+            let dtype = self.0;
+            param.map(|tensor| tensor.cast(dtype).detach().require_grad())
+        }
+    }
+    stack.map(&mut Cast(dtype))
+}
+
+/// `‖x̂ − x‖ / ‖x‖` for `x̂` the input rebuilt from the output through `depth` inversions, all
+/// in `dtype`.
+fn reconstruction_drift(depth: usize, dtype: FloatDType, device: &Device) -> f64 {
     device.seed(11);
-    let stack = stack(depth, 8, device);
-    let x = host_tensor([2, 5, 16], 0.3, device);
+    let stack = cast_stack(stack(depth, 8, device), dtype);
+    let x = host_tensor([2, 5, 16], 0.3, device).cast(dtype);
     let rebuilt = stack.inverse(stack.forward(x.clone()));
+    let (rebuilt, x) = (rebuilt.cast(FloatDType::F32), x.cast(FloatDType::F32));
     let error = (rebuilt - x.clone()).powi_scalar(2).sum().sqrt();
     let norm = x.powi_scalar(2).sum().sqrt();
     (error / norm).into_scalar::<f64>()
 }
 
-/// The relative error of the input gradient at `depth`, anchors every `anchor_every` blocks:
-/// the rebuilt inputs feed it.
-fn input_gradient_error(depth: usize, anchor_every: usize, device: &Device) -> f64 {
+/// The relative error of the input gradient at `depth` in `dtype`, anchors every
+/// `anchor_every` blocks, against the plain stack in the same dtype: the rebuilt inputs feed it.
+fn input_gradient_error(
+    depth: usize,
+    anchor_every: usize,
+    dtype: FloatDType,
+    device: &Device,
+) -> f64 {
     device.seed(11);
-    let stack = stack(depth, 8, device).with_anchor_every(anchor_every);
-    let (_, want, _) = output_and_gradients(&stack, plain, [5, 16], device);
-    let (_, got, _) = output_and_gradients(&stack, |s, x| s.forward(x), [5, 16], device);
+    let stack = cast_stack(stack(depth, 8, device), dtype).with_anchor_every(anchor_every);
+    let in_dtype = |forward: fn(&ReversibleSequence<Mlp, Mlp>, Tensor<3>) -> Tensor<3>| {
+        move |s: &ReversibleSequence<Mlp, Mlp>, x: Tensor<3>| {
+            forward(s, x.cast(dtype)).cast(FloatDType::F32)
+        }
+    };
+    let (_, want, _) = output_and_gradients(&stack, in_dtype(plain), [5, 16], device);
+    let (_, got, _) = output_and_gradients(&stack, in_dtype(|s, x| s.forward(x)), [5, 16], device);
     let (got, want) = (
         got.try_into_vec_as::<f64>().unwrap(),
         want.try_into_vec_as::<f64>().unwrap(),
@@ -229,15 +260,16 @@ fn input_gradient_error(depth: usize, anchor_every: usize, device: &Device) -> f
     (diff / norm).sqrt()
 }
 
-/// Rebuilding is exact up to f32 rounding, which accumulates with depth; anchors restart it
-/// from kept inputs. The numbers are printed for docs/BENCHMARKS.md.
+/// Rebuilding is exact up to rounding, which accumulates with depth; anchors restart it from
+/// kept inputs. The numbers are printed for docs/BENCHMARKS.md.
 #[test]
 fn rebuilt_inputs_drift_slowly_and_anchors_bound_it() {
     let _turn = common::take_turn();
     let device = Device::flex().autodiff();
     for depth in [8, 64, 256] {
-        let drift = reconstruction_drift(depth, &device);
-        eprintln!("depth {depth}: ‖x̂ − x‖/‖x‖ = {drift:.2e}");
+        let drift = reconstruction_drift(depth, FloatDType::F32, &device);
+        let drift_bf16 = reconstruction_drift(depth, FloatDType::BF16, &device);
+        eprintln!("depth {depth}: ‖x̂ − x‖/‖x‖ = {drift:.2e} (f32), {drift_bf16:.2e} (bf16)");
         assert!(
             drift > 0.0,
             "f32 rounding makes some drift at depth {depth}"
@@ -246,14 +278,23 @@ fn rebuilt_inputs_drift_slowly_and_anchors_bound_it() {
             drift < 1e-6 * depth as f64,
             "drift {drift:e} at depth {depth}"
         );
+        // bf16 keeps 8 bits of mantissa where f32 keeps 24.
+        assert!(
+            drift_bf16.is_finite() && drift_bf16 > 100.0 * drift,
+            "bf16 drift {drift_bf16:e} at depth {depth}, f32 {drift:e}"
+        );
     }
-    let without = input_gradient_error(256, 0, &device);
-    let anchored = input_gradient_error(256, 8, &device);
-    eprintln!("depth 256: input-gradient error {without:.2e}, anchors every 8: {anchored:.2e}");
-    assert!(
-        anchored < without,
-        "anchors must shrink the error: {anchored:e} vs {without:e}"
-    );
+    for dtype in [FloatDType::F32, FloatDType::BF16] {
+        let without = input_gradient_error(256, 0, dtype, &device);
+        let anchored = input_gradient_error(256, 8, dtype, &device);
+        eprintln!(
+            "depth 256, {dtype:?}: input-gradient error {without:.2e}, anchors every 8: {anchored:.2e}"
+        );
+        assert!(
+            anchored < without,
+            "anchors must shrink the {dtype:?} error: {anchored:e} vs {without:e}"
+        );
+    }
 }
 
 /// Peak bytes of one forward + backward at `depth` on Flex, above what was live before (the
