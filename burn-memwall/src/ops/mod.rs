@@ -2,6 +2,7 @@
 //! the wiring of its CubeCL kernels and its handwritten backward).
 
 pub mod adamw_update;
+pub mod counter_code;
 #[cfg(feature = "cube")]
 mod cube;
 pub mod flash_attention;

@@ -1,0 +1,258 @@
+//! The weight code of a counter synapse and its update rule, as plain Rust: the reference that
+//! the Flex path runs and that the CubeCL kernels mirror.
+//!
+//! Each weight is a pair `(t, c)`: a visible ternary `t ∈ {−1, 0, +1}` and a residual counter
+//! `c ∈ {−(C−1), …, C−1}`, one code `(t+1)(2C−1) + (c+C−1)`. With the counter limit `C = 11`
+//! that is 63 states, so a code takes 6 bits. The forward pass sees only `s · t` (`s` a per-row
+//! scale); the counter is the optimizer's state, kept inside the weight.
+//!
+//! # Packing
+//! A row of `n_in` codes is stored as `u32` words, 16 codes in every 3 words (code `i` of a
+//! group at bits `6i .. 6i + 6` of the group's 96 bits, little end first): 0.75 byte per weight.
+//! A row is padded to a whole group with zero codes, so a row of `n_in` codes takes
+//! [`words_per_row`]`(n_in)` words. `u32` words, not bytes, because WGSL has no 8-bit type.
+
+/// Codes in one group of [`WORDS_PER_GROUP`] words.
+pub const CODES_PER_GROUP: usize = 16;
+/// Words of one group of [`CODES_PER_GROUP`] codes.
+pub const WORDS_PER_GROUP: usize = 3;
+/// Bits of one code.
+pub const CODE_BITS: usize = 6;
+/// The largest counter limit whose `3(2C−1)` states fit in [`CODE_BITS`] bits.
+pub const MAX_COUNTER_LIMIT: i32 = 11;
+
+/// Words that hold a row of `n_in` codes.
+pub fn words_per_row(n_in: usize) -> usize {
+    n_in.div_ceil(CODES_PER_GROUP) * WORDS_PER_GROUP
+}
+
+/// Why a counter code cannot be built.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CounterCodeError {
+    #[error(
+        "counter limit {0} is out of range: C must be in 2..={MAX_COUNTER_LIMIT}, so that the \
+         3(2C-1) states of a weight fit in {CODE_BITS} bits"
+    )]
+    Limit(i32),
+}
+
+/// The code of counter limit `C`: `(t, c) ↔ (t+1)(2C−1) + (c+C−1)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CounterCode {
+    limit: i32,
+}
+
+impl CounterCode {
+    pub fn new(limit: i32) -> Result<Self, CounterCodeError> {
+        if (2..=MAX_COUNTER_LIMIT).contains(&limit) {
+            Ok(Self { limit })
+        } else {
+            Err(CounterCodeError::Limit(limit))
+        }
+    }
+
+    /// `C`: the counter holds `−(C−1) ..= C−1`, and `C` counter units make one unit of `t`.
+    pub fn limit(self) -> i32 {
+        self.limit
+    }
+
+    /// Codes in use: `3(2C−1)`.
+    pub fn states(self) -> u32 {
+        3 * self.counter_states() as u32
+    }
+
+    fn counter_states(self) -> i32 {
+        2 * self.limit - 1
+    }
+
+    /// The code of `(t, c)`. Panics (in debug builds) outside `t ∈ −1..=1`, `|c| ≤ C−1`.
+    pub fn encode(self, t: i32, c: i32) -> u32 {
+        debug_assert!((-1..=1).contains(&t) && c.abs() < self.limit, "({t}, {c})");
+        ((t + 1) * self.counter_states() + c + self.limit - 1) as u32
+    }
+
+    /// `(t, c)` of `code`.
+    pub fn decode(self, code: u32) -> (i32, i32) {
+        let code = code as i32;
+        (
+            code / self.counter_states() - 1,
+            code % self.counter_states() - (self.limit - 1),
+        )
+    }
+
+    /// The ternary `t` of `code`: all the forward pass reads.
+    pub fn ternary(self, code: u32) -> i32 {
+        code as i32 / self.counter_states() - 1
+    }
+
+    /// `(t, c)` of a latent weight `w` in units of the row scale: `t + c/C` nearest to `w`,
+    /// clipped to what the code holds (`|t + c/C| ≤ 1 + (C−1)/C`).
+    pub fn nearest(self, w: f32) -> (i32, i32) {
+        let t = w.round().clamp(-1.0, 1.0);
+        let wall = (self.limit - 1) as f32;
+        let c = ((w - t) * self.limit as f32).round().clamp(-wall, wall);
+        (t as i32, c as i32)
+    }
+}
+
+/// Code `i` of a packed row.
+pub fn code_at(words: &[u32], i: usize) -> u32 {
+    let bit = i * CODE_BITS;
+    let (word, shift) = (bit / 32, bit % 32);
+    let mut bits = words[word] >> shift;
+    if shift + CODE_BITS > 32 {
+        bits |= words[word + 1] << (32 - shift);
+    }
+    bits & ((1 << CODE_BITS) - 1)
+}
+
+/// Writes `code` as code `i` of a packed row.
+pub fn set_code(words: &mut [u32], i: usize, code: u32) {
+    let mask = (1u32 << CODE_BITS) - 1;
+    let code = code & mask;
+    let bit = i * CODE_BITS;
+    let (word, shift) = (bit / 32, bit % 32);
+    words[word] = (words[word] & !(mask << shift)) | (code << shift);
+    if shift + CODE_BITS > 32 {
+        let high = 32 - shift; // bits of the code already written
+        words[word + 1] = (words[word + 1] & !(mask >> high)) | (code >> high);
+    }
+}
+
+/// A uniform number in `[0, 1)` from a counter-based hash of `(seed, step, element)`: the same
+/// key gives the same number on every device and every data-parallel replica, with no state.
+pub fn uniform(seed: u32, step: u32, element: u32) -> f32 {
+    let hash = pcg_hash(element ^ pcg_hash(step ^ pcg_hash(seed)));
+    (hash >> 8) as f32 * (1.0 / (1u32 << 24) as f32)
+}
+
+/// The PCG-RXS-M-XS output permutation of one LCG step (Jarzynski & Olano, "Hash Functions for
+/// GPU Rendering", 2020): cheap, and good enough for stochastic rounding.
+fn pcg_hash(input: u32) -> u32 {
+    let state = input.wrapping_mul(747_796_405).wrapping_add(2_891_336_453);
+    let word = ((state >> ((state >> 28) + 4)) ^ state).wrapping_mul(277_803_737);
+    (word >> 22) ^ word
+}
+
+/// The hyper-parameters of the counter update.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CounterHyper {
+    /// `η`: step size of the latent weight, in units of the RMS-normalised gradient.
+    pub learning_rate: f32,
+    /// `η_s`: step size of the row scale.
+    pub scale_learning_rate: f32,
+    /// `β`: decay of the row's mean squared gradient.
+    pub beta: f32,
+    /// `ε`: floor of the row's RMS, so that a row with no gradient takes no huge step.
+    pub epsilon: f32,
+    /// Key of the stochastic rounding, with the step and the element.
+    pub seed: u32,
+}
+
+/// The row scale's bounds.
+pub const SCALE_RANGE: (f32, f32) = (1e-5, 10.0);
+
+/// What the update of one row needs besides its codes: its gradient's statistics, from which
+/// every element's tick follows.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowStep {
+    /// `D = max(√v, ε)` after this step's `v`.
+    pub rms: f32,
+    /// `s` before the step.
+    pub scale: f32,
+    /// `s'` after it.
+    pub new_scale: f32,
+}
+
+/// Steps 1–2 of the update for one row: the new `v` and `s`, from the row's gradient `g`, its
+/// ternaries (through `ternary_of(i)`), and the old `v` and `s`.
+pub fn row_step(
+    hyper: &CounterHyper,
+    gradient: &[f32],
+    ternary_of: impl Fn(usize) -> i32,
+    mean_square: &mut f32,
+    scale: &mut f32,
+) -> RowStep {
+    let n_in = gradient.len() as f32;
+    let (mut square_sum, mut aligned) = (0.0f32, 0.0f32);
+    for (i, g) in gradient.iter().enumerate() {
+        square_sum += g * g;
+        aligned += g * ternary_of(i) as f32;
+    }
+    *mean_square = hyper.beta * *mean_square + (1.0 - hyper.beta) * square_sum / n_in;
+    let old_scale = *scale;
+    *scale = (old_scale - hyper.scale_learning_rate * aligned / n_in.sqrt())
+        .clamp(SCALE_RANGE.0, SCALE_RANGE.1);
+    RowStep {
+        rms: mean_square.sqrt().max(hyper.epsilon),
+        scale: old_scale,
+        new_scale: *scale,
+    }
+}
+
+/// Steps 3–5 for one weight `(t, c)` with gradient `g` and the uniform number `u`: the tick
+/// `Δ = −η (g/D)(C/s')` on the counter rebased to the new scale, stochastic rounding, and the
+/// carry into `t` (at the wall, `t` stays and the counter is pinned to `±(C−1)`).
+pub fn tick(
+    code: CounterCode,
+    learning_rate: f32,
+    row: &RowStep,
+    (t, c): (i32, i32),
+    gradient: f32,
+    u: f32,
+) -> (i32, i32) {
+    let limit = code.limit() as f32;
+    let delta = -learning_rate * (gradient / row.rms) * (limit / row.new_scale);
+    let rebased = c as f32 * row.scale / row.new_scale;
+    let target = rebased + delta;
+    let floor = target.floor();
+    let rounded = floor + if u < target - floor { 1.0 } else { 0.0 };
+    let carry = (rounded / limit).trunc();
+    let wall = limit - 1.0;
+    let ternary = t as f32 + carry;
+    if ternary.abs() > 1.0 {
+        (
+            ternary.clamp(-1.0, 1.0) as i32,
+            (rounded.signum() * wall) as i32,
+        )
+    } else {
+        let remainder = (rounded - carry * limit).clamp(-wall, wall);
+        (ternary as i32, remainder as i32)
+    }
+}
+
+/// The whole update of one packed row: steps 1–5, in place. `row` is the row's index and
+/// `n_in` its length, which with the step key each element's rounding.
+#[allow(clippy::too_many_arguments)]
+pub fn update_row(
+    code: CounterCode,
+    hyper: &CounterHyper,
+    step: u32,
+    row: usize,
+    words: &mut [u32],
+    gradient: &[f32],
+    mean_square: &mut f32,
+    scale: &mut f32,
+) {
+    let n_in = gradient.len();
+    let stats = row_step(
+        hyper,
+        gradient,
+        |i| code.ternary(code_at(words, i)),
+        mean_square,
+        scale,
+    );
+    for (i, g) in gradient.iter().enumerate() {
+        let element = (row * n_in + i) as u32;
+        let u = uniform(hyper.seed, step, element);
+        let (t, c) = tick(
+            code,
+            hyper.learning_rate,
+            &stats,
+            code.decode(code_at(words, i)),
+            *g,
+            u,
+        );
+        set_code(words, i, code.encode(t, c));
+    }
+}
