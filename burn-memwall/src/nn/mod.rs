@@ -7,7 +7,7 @@
 //! - [`Routed`]: `burn::nn`'s linear, embedding and RMSNorm with their parameters updated during
 //!   backward by [`crate::optim::InBackward`];
 //! - [`ReversibleSequence`]: additive coupling blocks whose activation memory does not grow with
-//!   depth, on [`crate::ops::reversible`].
+//!   depth, on [`crate::ops::handwritten_backward`].
 
 mod flash_mha;
 mod fused_linear_cross_entropy_loss;

@@ -4,7 +4,7 @@
 //! Each block splits its input into halves and computes `y₁ = x₁ + F(x₂)`, `y₂ = x₂ + G(y₁)`.
 //! That is invertible, `x₂ = y₂ − G(y₁)`, `x₁ = y₁ − F(x₂)`, so the backward pass rebuilds each
 //! block's input from its output instead of keeping it: the whole stack is one node of the
-//! graph that keeps only its output ([`crate::ops::reversible`]). Walking back, each block
+//! graph that keeps only its output ([`crate::ops::handwritten_backward`]). Walking back, each block
 //! evaluates `G` and `F` once more on fresh leaves, which gives both the inverse and the
 //! gradients: one extra forward pass in all, and the activations of one block at a time.
 
@@ -17,7 +17,7 @@ use burn::module::{Module, ModuleDisplay, ModuleMapper, ModuleVisitor, Param, Pa
 use burn::prelude::*;
 use burn::tensor::Gradients;
 
-use crate::ops::reversible::{ChainContext, ReversibleChain, reversible_attach};
+use crate::ops::handwritten_backward::{BackwardContext, HandwrittenBackward, attach_backward};
 use crate::optim::InBackward;
 use crate::optim::in_backward::ExternalUse;
 
@@ -153,12 +153,13 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
         let chain = Chain {
             f,
             g,
+            output: output.clone(),
             anchors,
             routing,
             trained,
         };
-        let context = ChainContext::new(Box::new(chain), params);
-        Ok(reversible_attach(x, Tensor::from_inner(output), context))
+        let context = BackwardContext::new(Box::new(chain), params);
+        Ok(attach_backward(x, Tensor::from_inner(output), context))
     }
 
     /// [`Self::forward`] as ordinary autodiff ops, every block's activations kept: the same
@@ -251,12 +252,13 @@ where
     x
 }
 
-/// What the backward pass needs: the couplings with their parameters outside the graph, and
-/// the kept inputs.
+/// What the backward pass needs: the couplings with their parameters outside the graph, the
+/// chain's output (from which every input is rebuilt), and the kept inputs.
 #[derive(Debug)]
 struct Chain<F, G, const D: usize> {
     f: Vec<F>,
     g: Vec<G>,
+    output: Tensor<D>,
     anchors: Vec<(usize, Tensor<D>)>,
     routing: Option<Routing>,
     /// The parameters that train: only they get a gradient in the recomputation.
@@ -281,20 +283,20 @@ impl Routing {
     }
 }
 
-impl<F, G, const D: usize> ReversibleChain for Chain<F, G, D>
+impl<F, G, const D: usize> HandwrittenBackward for Chain<F, G, D>
 where
     F: CouplingFunction<D>,
     G: CouplingFunction<D>,
 {
     fn backward(
         self: Box<Self>,
-        output: DispatchTensor,
         output_gradient: DispatchTensor,
         param_gradient: &mut dyn FnMut(ParamId, DispatchTensor),
     ) -> DispatchTensor {
         let Chain {
             f,
             g,
+            output,
             mut anchors,
             mut routing,
             trained,
@@ -310,7 +312,7 @@ where
                 }
             }
         };
-        let mut y = Tensor::<D>::from_dispatch(output);
+        let mut y = output;
         let mut dy = Tensor::<D>::from_dispatch(output_gradient);
         // Walking back, each block is dropped once done, so its parameters are held no longer.
         for (block, (f, g)) in f.into_iter().zip(g).enumerate().rev() {

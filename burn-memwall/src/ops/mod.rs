@@ -8,5 +8,5 @@ mod cube;
 pub mod flash_attention;
 mod flex;
 pub mod fused_linear_cross_entropy;
+pub mod handwritten_backward;
 pub mod momentum_update;
-pub mod reversible;

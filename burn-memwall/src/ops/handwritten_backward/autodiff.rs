@@ -1,4 +1,4 @@
-//! The handwritten backward: the chain rebuilds what it needs from the output.
+//! The graph node: the handwritten backward runs when autodiff reaches the output.
 
 use std::collections::HashMap;
 
@@ -10,27 +10,25 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, BackendTensor, DispatchKindConversion, DispatchTensor};
 use burn::module::ParamId;
 
-use super::{ChainContext, ReversibleBackend};
+use super::{BackwardContext, HandwrittenBackwardBackend};
 
 #[derive(Debug)]
-struct ReversibleBackward;
+struct AttachedBackward;
 
-/// The output, the chain, and the graph node of each parameter's gradient.
-type Saved<B> = (FloatTensor<B>, ChainContext, HashMap<ParamId, NodeId>);
+/// The handwritten backward, and the graph node of each parameter's gradient.
+type Saved = (BackwardContext, HashMap<ParamId, NodeId>);
 
-impl<B: Backend> Backward<B, 1> for ReversibleBackward
+impl<B: Backend> Backward<B, 1> for AttachedBackward
 where
     DispatchTensor: DispatchKindConversion<B>,
 {
-    type State = Saved<B>;
+    type State = Saved;
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [node_input] = ops.parents;
         let output_gradient = grads.consume::<B>(&ops.node);
-        let (output, context, nodes) = ops.state;
-        let chain = context.take_chain();
-        let input_gradient = chain.backward(
-            dispatch::<B>(output),
+        let (context, nodes) = ops.state;
+        let input_gradient = context.take_backward().backward(
             dispatch::<B>(output_gradient),
             &mut |id, gradient| {
                 if let Some(node) = nodes.get(&id) {
@@ -58,36 +56,36 @@ where
     match <DispatchTensor as DispatchKindConversion<B>>::try_into_backend(tensor) {
         Ok(BackendTensor::Float(tensor)) => tensor,
         Ok(_) => unreachable!("a float tensor stays a float tensor"),
-        Err(error) => panic!("a reversible chain's gradient is on another backend: {error}"),
+        Err(error) => panic!("a handwritten backward's gradient is on another backend: {error}"),
     }
 }
 
-impl<B: ReversibleBackend, C: CheckpointStrategy> ReversibleBackend for Autodiff<B, C>
+impl<B: HandwrittenBackwardBackend, C: CheckpointStrategy> HandwrittenBackwardBackend
+    for Autodiff<B, C>
 where
     DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B, C>>,
 {
-    fn reversible_attach(
+    fn attach_backward(
         input: FloatTensor<Self>,
         output: FloatTensor<Self>,
-        chain: ChainContext,
+        backward: BackwardContext,
     ) -> FloatTensor<Self> {
-        match ReversibleBackward
+        match AttachedBackward
             .prepare::<C>([input.node()])
             .compute_bound()
             .stateful()
         {
             OpsKind::Tracked(prep) => {
-                let nodes = chain
+                let nodes = backward
                     .params
                     .iter()
                     .map(|(id, param)| (*id, node_of::<B, C>(param.clone())))
                     .collect();
-                let output = output.into_primitive();
-                let context = ChainContext {
+                let context = BackwardContext {
                     params: Vec::new(),
-                    ..chain
+                    ..backward
                 };
-                prep.finish((output.clone(), context, nodes), output)
+                prep.finish((context, nodes), output.into_primitive())
             }
             OpsKind::UnTracked(prep) => prep.finish(output.into_primitive()),
         }
@@ -103,7 +101,7 @@ where
         Ok(BackendTensor::Float(tensor)) => tensor.id(),
         Ok(_) => unreachable!("a float tensor stays a float tensor"),
         Err(error) => panic!(
-            "a reversible chain's parameter must be on the chain input's autodiff device: {error}"
+            "a parameter of a handwritten backward must be on its input's autodiff device: {error}"
         ),
     }
 }

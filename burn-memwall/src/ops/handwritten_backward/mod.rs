@@ -1,0 +1,94 @@
+//! An output computed outside the autodiff graph, attached to its input with a handwritten
+//! backward: the op behind [`crate::nn::ReversibleSequence`] (a chain of reversible blocks as
+//! one node, whose backward rebuilds each block's input from its output) and
+//! [`crate::nn::CounterLinear`] (whose backward updates the layer's weight code from its
+//! gradient and frees it).
+//!
+//! The caller runs its forward pass outside the graph, in typed code, and keeps whatever its
+//! backward needs inside a [`HandwrittenBackward`]. This op makes the output a node of the graph
+//! whose only parent is the input. When autodiff reaches it, the node hands the output's
+//! gradient to the [`HandwrittenBackward`], registers the input gradient it returns, and
+//! registers each parameter gradient it reports on that parameter's own graph node.
+
+mod autodiff;
+
+use std::sync::{Arc, Mutex};
+
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, Dispatch, DispatchTensor, Flex, backend_extension};
+use burn::module::ParamId;
+use burn::prelude::*;
+
+/// A backward pass without its types: `gradient of the output → gradient of the input`, with
+/// each parameter's gradient handed to `param_gradient` as soon as it is known. Tensors are
+/// outside any autodiff graph.
+pub trait HandwrittenBackward: Send + std::fmt::Debug {
+    fn backward(
+        self: Box<Self>,
+        output_gradient: DispatchTensor,
+        param_gradient: &mut dyn FnMut(ParamId, DispatchTensor),
+    ) -> DispatchTensor;
+}
+
+/// What the op carries from the forward to the backward pass.
+#[derive(Clone, Debug)]
+pub struct BackwardContext {
+    /// Taken once, by the backward pass.
+    backward: Arc<Mutex<Option<Box<dyn HandwrittenBackward>>>>,
+    /// The trained parameters the backward reports gradients for, as autodiff tensors: the op
+    /// finds the graph node each gradient belongs to from them, in the forward pass.
+    params: Vec<(ParamId, DispatchTensor)>,
+}
+
+impl BackwardContext {
+    pub fn new(
+        backward: Box<dyn HandwrittenBackward>,
+        params: Vec<(ParamId, DispatchTensor)>,
+    ) -> Self {
+        Self {
+            backward: Arc::new(Mutex::new(Some(backward))),
+            params,
+        }
+    }
+
+    fn take_backward(&self) -> Box<dyn HandwrittenBackward> {
+        self.backward
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
+            .expect("a handwritten backward runs once")
+    }
+}
+
+#[backend_extension(Flex, Cube: cfg(feature = "cube"), Autodiff, Fusion: cfg(feature = "cube"))]
+pub trait HandwrittenBackwardBackend: Backend {
+    /// Returns `output` (computed from `input` outside the graph); under autodiff, the node's
+    /// only parent is `input`, and its backward runs `backward`.
+    #[fusion(default)]
+    fn attach_backward(
+        input: FloatTensor<Self>,
+        output: FloatTensor<Self>,
+        backward: BackwardContext,
+    ) -> FloatTensor<Self> {
+        let _ = (input, backward);
+        output
+    }
+}
+
+impl HandwrittenBackwardBackend for Flex {}
+#[cfg(feature = "cube")]
+impl HandwrittenBackwardBackend for burn_cubecl::CubeBackend {}
+
+/// `output`, computed outside the graph from `input`, attached to `input` so that the backward
+/// pass runs the handwritten backward in `context`.
+pub fn attach_backward<const D: usize, const E: usize>(
+    input: Tensor<D>,
+    output: Tensor<E>,
+    context: BackwardContext,
+) -> Tensor<E> {
+    Tensor::from_dispatch(Dispatch::attach_backward(
+        input.into_dispatch(),
+        output.into_dispatch(),
+        context,
+    ))
+}
