@@ -1,6 +1,8 @@
 //! Drop-in layers built on the memory-lean ops, each convertible from (or working with) the Burn
 //! layer it replaces.
 //!
+//! - [`CounterLinear`]: a linear of 6-bit counter synapses that updates itself in its own
+//!   backward (no weight parameter, no optimizer state), on [`crate::ops::counter_linear`];
 //! - [`FlashMultiHeadAttention`]: Burn's multi-head attention on [`crate::ops::flash_attention`];
 //! - [`FusedLinearCrossEntropyLoss`]: an LM head's `Linear` + `CrossEntropyLoss` on
 //!   [`crate::ops::fused_linear_cross_entropy`];
@@ -9,11 +11,13 @@
 //! - [`ReversibleSequence`]: additive coupling blocks whose activation memory does not grow with
 //!   depth, on [`crate::ops::handwritten_backward`].
 
+mod counter_linear;
 mod flash_mha;
 mod fused_linear_cross_entropy_loss;
 mod reversible;
 mod routed;
 
+pub use counter_linear::{CounterLinear, CounterLinearConfig, CounterWeights};
 pub use flash_mha::{FlashMhaError, FlashMhaInput, FlashMultiHeadAttention};
 pub use fused_linear_cross_entropy_loss::{
     FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig,

@@ -3,6 +3,7 @@
 
 pub mod adamw_update;
 pub mod counter_code;
+pub mod counter_linear;
 #[cfg(feature = "cube")]
 mod cube;
 pub mod flash_attention;

@@ -290,6 +290,15 @@ impl InBackward {
         Ok(model)
     }
 
+    /// The learning rate that the step running now gives the parameter `id` (its group's), or
+    /// `None` outside [`Self::step`]: for layers that update themselves in their own backward.
+    pub(crate) fn learning_rate(&self, id: ParamId) -> Option<f64> {
+        self.lock()
+            .optimizer
+            .as_ref()
+            .map(|(_, learning_rate)| learning_rate.lr_from_param(id, None))
+    }
+
     /// For burn-train's `TrainStep::step`: keeps `loss` for [`Self::step_deferred`], which
     /// `TrainStep::optimize` calls. Return `GradientsParams::new()` as the step's gradients.
     pub fn defer(&self, loss: Tensor<1>) -> Result<(), InBackwardError> {

@@ -1,0 +1,448 @@
+//! [`CounterLinear`]: a linear layer whose weights are finite-state counter synapses, with the
+//! optimizer inside the weight code. Each weight is a visible ternary and a residual counter in
+//! 6 bits ([`crate::ops::counter_code`]); each output row has a scale and the mean square of its
+//! gradient. The layer holds no `Param` for its weights and no optimizer state: it updates itself
+//! in its own backward pass from its exact weight gradient, which is formed a block of rows at a
+//! time and dropped at once. In expectation the update is RMS-normalised SGD on the latent weight
+//! `(t + c/C)·s`.
+//!
+//! The forward pass is `x · (s·t)ᵀ (+ bias)`; the counter is invisible to it. The bias, if any,
+//! is an ordinary parameter, trained by whichever optimizer trains the rest of the model.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use burn::backend::DispatchTensor;
+use burn::module::{
+    Content, Devices, Module, ModuleDisplay, ModuleDisplayDefault, ModuleMapper, ModuleVisitor,
+    Param, ParamId,
+};
+use burn::nn::{Linear, LinearConfig};
+use burn::prelude::*;
+use burn::tensor::{DType, FloatDType, IntDType};
+
+use crate::ops::counter_code::{CounterCode, CounterCodeError, CounterHyper, SCALE_RANGE};
+use crate::ops::counter_code::{set_code, words_per_row};
+use crate::ops::counter_linear::HostWeights;
+use crate::ops::handwritten_backward::{BackwardContext, HandwrittenBackward, attach_backward};
+use crate::optim::InBackward;
+
+/// Configuration of a [`CounterLinear`].
+#[derive(Config, Debug)]
+pub struct CounterLinearConfig {
+    pub d_input: usize,
+    pub d_output: usize,
+    /// An ordinary bias parameter, as `burn::nn::Linear` has by default.
+    #[config(default = true)]
+    pub bias: bool,
+    /// `C`: counter units per unit of the ternary, 2..=11 (11 fills the 6-bit code).
+    #[config(default = 11)]
+    pub counter_limit: i32,
+    /// `η` when the backward pass runs outside an [`InBackward`] step; inside one, `η` is the
+    /// step's learning rate, so it follows the schedule.
+    #[config(default = 1e-3)]
+    pub learning_rate: f64,
+    /// `η_s`: step size of the row scales.
+    #[config(default = 1e-4)]
+    pub scale_learning_rate: f64,
+    /// `β`: decay of each row's mean squared gradient.
+    #[config(default = 0.99)]
+    pub beta: f64,
+    /// `ε`: floor of a row's RMS gradient.
+    #[config(default = 1e-8)]
+    pub epsilon: f64,
+    /// Key of the stochastic rounding (with the step and the element).
+    #[config(default = 0)]
+    pub seed: u32,
+}
+
+impl CounterLinearConfig {
+    /// A layer initialised as `burn::nn::Linear` initialises its weights, then converted.
+    pub fn init(&self, device: &Device) -> Result<CounterLinear, CounterCodeError> {
+        let linear = LinearConfig::new(self.d_input, self.d_output)
+            .with_bias(self.bias)
+            .init(device);
+        self.init_from_linear(&linear)
+    }
+
+    /// A layer holding `linear`'s weights as codes: per output row, the scale is the mean
+    /// absolute weight and each weight's `(t, c)` the nearest `t + c/C` to `w / s`. The bias is
+    /// copied.
+    pub fn init_from_linear(&self, linear: &Linear) -> Result<CounterLinear, CounterCodeError> {
+        let code = CounterCode::new(self.counter_limit)?;
+        let weight = linear.weight.val();
+        let [d_input, d_output] = weight.dims();
+        assert_eq!(
+            (d_input, d_output),
+            (self.d_input, self.d_output),
+            "the linear's shape differs from the config's"
+        );
+        let device = weight.device();
+        let rows = weight
+            .transpose()
+            .into_data()
+            .try_into_vec_as::<f32>()
+            .expect("f32 weights");
+        let width = words_per_row(d_input);
+        let mut words = vec![0u32; d_output * width];
+        let mut scale = vec![0f32; d_output];
+        for (row, weights) in rows.chunks(d_input).enumerate() {
+            let mean_abs = weights.iter().map(|w| w.abs()).sum::<f32>() / d_input as f32;
+            let s = mean_abs.clamp(SCALE_RANGE.0, SCALE_RANGE.1);
+            scale[row] = s;
+            let packed = &mut words[row * width..(row + 1) * width];
+            for (i, w) in weights.iter().enumerate() {
+                let (t, c) = code.nearest(w / s);
+                set_code(packed, i, code.encode(t, c));
+            }
+        }
+        let host = HostWeights {
+            code,
+            d_input,
+            words,
+            scale,
+            mean_square: vec![0.0; d_output],
+        };
+        Ok(CounterLinear {
+            weights: CounterWeights::new(host, self.hyper(), &device),
+            bias: linear.bias.clone(),
+        })
+    }
+
+    fn hyper(&self) -> CounterHyper {
+        CounterHyper {
+            learning_rate: self.learning_rate as f32,
+            scale_learning_rate: self.scale_learning_rate as f32,
+            beta: self.beta as f32,
+            epsilon: self.epsilon as f32,
+            seed: self.seed,
+        }
+    }
+}
+
+/// A linear layer of counter synapses: a drop-in for `burn::nn::Linear` whose weights train
+/// themselves in backward. See the [module docs](self).
+#[derive(Module, Debug)]
+pub struct CounterLinear {
+    pub weights: CounterWeights,
+    /// `[d_output]`.
+    pub bias: Option<Param<Tensor<1>>>,
+}
+
+impl CounterLinear {
+    /// `[..., d_input]` → `[..., d_output]`.
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let y = self.weights.forward(x);
+        match &self.bias {
+            Some(bias) => y + bias.val().unsqueeze(),
+            None => y,
+        }
+    }
+
+    /// The step's learning rate reaches the layer's update through `in_backward` while
+    /// [`InBackward::step`] runs (the bias, an ordinary parameter, is not routed by this).
+    pub fn with_in_backward(mut self, in_backward: Option<InBackward>) -> Self {
+        self.weights.in_backward = in_backward;
+        self
+    }
+
+    /// The inference weights, `s·t` as a `burn::nn::Linear` (`[d_input, d_output]`).
+    pub fn to_linear(&self) -> Linear {
+        let host = self.weights.host();
+        let device = self.weights.device();
+        let dense = Tensor::<2>::from_data(
+            TensorData::new(
+                host.dense_rows(0..host.d_output()),
+                [host.d_output(), host.d_input],
+            ),
+            (&device, DType::F32),
+        );
+        Linear {
+            weight: Param::from_tensor(dense.transpose()),
+            bias: self.bias.clone(),
+        }
+    }
+}
+
+/// The self-updating weights of a [`CounterLinear`]: the packed codes `[d_output, words]`
+/// (`u32`), and per row the scale and the mean squared gradient, plus the step that keys the
+/// stochastic rounding. Clones share them (as Burn's `RunningState` is shared), so the model a
+/// training loop holds sees every update; a record saves them all.
+#[derive(Clone, Debug)]
+pub struct CounterWeights {
+    state: Arc<Mutex<CounterState>>,
+    code: CounterCode,
+    d_input: usize,
+    hyper: CounterHyper,
+    in_backward: Option<InBackward>,
+}
+
+#[derive(Debug)]
+struct CounterState {
+    codes: Tensor<2, Int>,
+    scale: Tensor<1>,
+    mean_square: Tensor<1>,
+    step: u64,
+    ids: [ParamId; 4],
+}
+
+impl CounterWeights {
+    fn new(host: HostWeights, hyper: CounterHyper, device: &Device) -> Self {
+        let state = CounterState {
+            codes: Tensor::empty([0, 0], (device, DType::U32)),
+            scale: Tensor::empty([0], device),
+            mean_square: Tensor::empty([0], device),
+            step: 0,
+            ids: [
+                ParamId::new(),
+                ParamId::new(),
+                ParamId::new(),
+                ParamId::new(),
+            ],
+        };
+        let weights = Self {
+            state: Arc::new(Mutex::new(state)),
+            code: host.code,
+            d_input: host.d_input,
+            hyper,
+            in_backward: None,
+        };
+        weights.lock().store(host);
+        weights
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CounterState> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn device(&self) -> Device {
+        self.lock().codes.device()
+    }
+
+    /// The weights read back on the host.
+    pub fn host(&self) -> HostWeights {
+        self.lock().host(self.code, self.d_input)
+    }
+
+    /// Updates taken so far.
+    pub fn step(&self) -> u64 {
+        self.lock().step
+    }
+
+    /// `[..., d_input]` → `[..., d_output]`, `x · (s·t)ᵀ`; under autodiff, the backward pass
+    /// gives the input its gradient and updates the weights.
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let dims = x.dims();
+        assert_eq!(
+            dims[D - 1],
+            self.d_input,
+            "CounterLinear: the input's last dimension must be d_input"
+        );
+        let rows = dims[..D - 1].iter().product();
+        let dtype = x.dtype();
+        let x = x.reshape([rows, self.d_input]);
+        let host = self.host();
+        let mut out_dims = dims;
+        out_dims[D - 1] = host.d_output();
+        let output = |x: Tensor<2>| host.matmul(x.cast(FloatDType::F32)).cast(dtype);
+        if !x.is_autodiff() {
+            return output(x).reshape(out_dims);
+        }
+        // The weights train even when the input needs no gradient: the op is a node of the
+        // graph only when its input is.
+        let x = if x.is_tracked() { x } else { x.require_grad() };
+        let input = x.clone().inner();
+        let y = output(input.clone());
+        let backward = CounterBackward {
+            weights: self.clone(),
+            input,
+        };
+        let context = BackwardContext::new(Box::new(backward), Vec::new());
+        attach_backward(x, Tensor::from_inner(y), context).reshape(out_dims)
+    }
+}
+
+impl CounterState {
+    fn host(&self, code: CounterCode, d_input: usize) -> HostWeights {
+        let read = |t: Tensor<1>| t.into_data().try_into_vec_as::<f32>();
+        HostWeights {
+            code,
+            d_input,
+            words: self
+                .codes
+                .clone()
+                .into_data()
+                .try_into_vec::<u32>()
+                .expect("u32 codes"),
+            scale: read(self.scale.clone()).expect("f32 scales"),
+            mean_square: read(self.mean_square.clone()).expect("f32 statistics"),
+        }
+    }
+
+    fn store(&mut self, host: HostWeights) {
+        let device = self.codes.device();
+        let (rows, width) = (host.d_output(), words_per_row(host.d_input));
+        self.codes = Tensor::from_data(
+            TensorData::new(host.words, [rows, width]),
+            (&device, DType::U32),
+        );
+        let vector = |values: Vec<f32>| {
+            Tensor::from_data(TensorData::new(values, [rows]), (&device, DType::F32))
+        };
+        self.scale = vector(host.scale);
+        self.mean_square = vector(host.mean_square);
+    }
+}
+
+/// What the layer's backward needs: the weights (shared, to update them) and the input.
+#[derive(Debug)]
+struct CounterBackward {
+    weights: CounterWeights,
+    /// `[rows, d_input]`, outside the graph.
+    input: Tensor<2>,
+}
+
+impl HandwrittenBackward for CounterBackward {
+    fn backward(
+        self: Box<Self>,
+        output_gradient: DispatchTensor,
+        _param_gradient: &mut dyn FnMut(ParamId, DispatchTensor),
+    ) -> DispatchTensor {
+        let CounterBackward { weights, input } = *self;
+        let dtype = input.dtype();
+        let dy = Tensor::<2>::from_dispatch(output_gradient).cast(FloatDType::F32);
+        let mut state = weights.lock();
+        let mut host = state.host(weights.code, weights.d_input);
+        // The input's gradient reads the weights before this step's update.
+        let dx = host.matmul_transposed(dy.clone()).cast(dtype);
+        let learning_rate = weights
+            .in_backward
+            .as_ref()
+            .and_then(|in_backward| in_backward.learning_rate(state.ids[0]));
+        let hyper = CounterHyper {
+            learning_rate: learning_rate.map_or(weights.hyper.learning_rate, |lr| lr as f32),
+            ..weights.hyper
+        };
+        host.update(&hyper, state.step as u32, &input.cast(FloatDType::F32), &dy);
+        state.step += 1;
+        state.store(host);
+        dx.into_dispatch()
+    }
+}
+
+const NAMES: [&str; 4] = ["codes", "scale", "mean_square", "step"];
+const CONTAINER: &str = "CounterWeights";
+
+impl Module for CounterWeights {
+    fn visit<V: ModuleVisitor>(&self, visitor: &mut V) {
+        let state = self.lock();
+        let step = step_tensor(state.step, &state.codes.device());
+        visitor.enter_module(NAMES[0], CONTAINER);
+        visitor.visit_int(&Param::initialized(state.ids[0], state.codes.clone()));
+        visitor.exit_module(NAMES[0], CONTAINER);
+        for (k, tensor) in [(1, &state.scale), (2, &state.mean_square)] {
+            visitor.enter_module(NAMES[k], CONTAINER);
+            visitor.visit_float(&Param::initialized(state.ids[k], tensor.clone()));
+            visitor.exit_module(NAMES[k], CONTAINER);
+        }
+        visitor.enter_module(NAMES[3], CONTAINER);
+        visitor.visit_int(&Param::initialized(state.ids[3], step));
+        visitor.exit_module(NAMES[3], CONTAINER);
+    }
+
+    fn map<M: ModuleMapper>(self, mapper: &mut M) -> Self {
+        {
+            let mut state = self.lock();
+            let ids = state.ids;
+            mapper.enter_module(NAMES[0], CONTAINER);
+            let codes = mapper.map_int(Param::initialized(ids[0], state.codes.clone()));
+            mapper.exit_module(NAMES[0], CONTAINER);
+            // A record may hold the code in another integer type; the bits are what count.
+            state.codes = codes.val().cast(IntDType::U32);
+            let mut floats = [state.scale.clone(), state.mean_square.clone()];
+            for (k, tensor) in floats.iter_mut().enumerate() {
+                mapper.enter_module(NAMES[k + 1], CONTAINER);
+                let mapped = mapper.map_float(Param::initialized(ids[k + 1], tensor.clone()));
+                mapper.exit_module(NAMES[k + 1], CONTAINER);
+                // Buffers, not optimizer targets: never tracked.
+                *tensor = mapped.val().set_require_grad(false);
+            }
+            [state.scale, state.mean_square] = floats;
+            mapper.enter_module(NAMES[3], CONTAINER);
+            let step = step_tensor(state.step, &state.codes.device());
+            let step = mapper.map_int(Param::initialized(ids[3], step));
+            mapper.exit_module(NAMES[3], CONTAINER);
+            state.step = step.val().into_scalar::<i64>() as u64;
+        }
+        self
+    }
+
+    fn collect_devices(&self, mut devices: Devices) -> Devices {
+        let device = self.device();
+        if !devices.contains(&device) {
+            devices.push(device);
+        }
+        devices
+    }
+
+    fn fork(self, device: &Device) -> Self {
+        self.to_device(device)
+    }
+
+    fn to_device(self, device: &Device) -> Self {
+        {
+            let mut state = self.lock();
+            state.codes = state.codes.clone().to_device(device);
+            state.scale = state.scale.clone().to_device(device);
+            state.mean_square = state.mean_square.clone().to_device(device);
+        }
+        self
+    }
+
+    fn train(self) -> Self {
+        self
+    }
+
+    /// A snapshot: evaluating it never updates the weights being trained.
+    fn valid(&self) -> Self {
+        let state = self.lock();
+        let snapshot = CounterState {
+            codes: state.codes.clone(),
+            scale: state.scale.clone(),
+            mean_square: state.mean_square.clone(),
+            step: state.step,
+            ids: state.ids,
+        };
+        Self {
+            state: Arc::new(Mutex::new(snapshot)),
+            in_backward: None,
+            ..self.clone()
+        }
+    }
+
+    fn materialize(self) -> Self {
+        self
+    }
+}
+
+fn step_tensor(step: u64, device: &Device) -> Tensor<1, Int> {
+    Tensor::from_data(
+        TensorData::new(vec![step as i32], [1]),
+        (device, DType::I32),
+    )
+}
+
+impl ModuleDisplayDefault for CounterWeights {
+    fn content(&self, content: Content) -> Option<Content> {
+        content
+            .add_formatted(&format!(
+                "CounterWeights {{ d_input: {}, counter_limit: {} }}",
+                self.d_input,
+                self.code.limit()
+            ))
+            .optional()
+    }
+}
+
+impl ModuleDisplay for CounterWeights {}

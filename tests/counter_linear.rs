@@ -1,0 +1,334 @@
+//! `CounterLinear` against independent references: its forward is `x · (s·t)ᵀ (+ b)` and its
+//! input gradient `dy · (s·t)` (f64 on the host); its backward updates the code exactly as the
+//! update rule applied to the weight gradient `dyᵀx`; a record resumes it exactly; it learns; and
+//! it persists 0.75 byte per weight plus two floats per row.
+
+mod common;
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::nn::LinearConfig;
+use burn::prelude::*;
+use burn_memwall::nn::{CounterLinear, CounterLinearConfig};
+use burn_memwall::ops::counter_code::{CounterHyper, code_at, update_row, words_per_row};
+use burn_memwall::ops::counter_linear::{BLOCK_WEIGHTS, HostWeights};
+use common::{assert_close, devices};
+
+/// Inputs computed on the host (the device RNG is shared by parallel tests).
+fn host_tensor<const D: usize>(dims: [usize; D], salt: f32, device: &Device) -> Tensor<D> {
+    let n = dims.iter().product::<usize>();
+    let values: Vec<f32> = (0..n)
+        .map(|i| ((i as f32 * 0.37 + salt) * 1.3).sin())
+        .collect();
+    Tensor::<1>::from_floats(values.as_slice(), device).reshape(dims)
+}
+
+/// `s_r · t_rj` in f64, decoded bit by bit from the packed rows.
+fn dense(host: &HostWeights) -> Vec<Vec<f64>> {
+    let width = words_per_row(host.d_input);
+    (0..host.d_output())
+        .map(|r| {
+            let words = &host.words[r * width..(r + 1) * width];
+            (0..host.d_input)
+                .map(|j| {
+                    let (t, _) = host.code.decode(code_at(words, j));
+                    host.scale[r] as f64 * t as f64
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn rows_of(t: Tensor<2>) -> Vec<Vec<f64>> {
+    let [_, n] = t.dims();
+    let values = t.into_data().try_into_vec_as::<f64>().unwrap();
+    values.chunks(n).map(<[f64]>::to_vec).collect()
+}
+
+fn flat(rows: Vec<Vec<f64>>) -> TensorData {
+    let shape = [rows.len(), rows[0].len()];
+    TensorData::new(rows.concat(), shape)
+}
+
+/// A layer whose weights were drawn on the host: Flex and wgpu get the same ones.
+fn layer(d_input: usize, d_output: usize, bias: bool, device: &Device) -> CounterLinear {
+    let mut linear = LinearConfig::new(d_input, d_output)
+        .with_bias(bias)
+        .init(device);
+    linear.weight = Param::from_tensor(host_tensor([d_input, d_output], 0.1, device) * 0.2);
+    if bias {
+        linear.bias = Some(Param::from_tensor(host_tensor([d_output], 0.7, device)));
+    }
+    CounterLinearConfig::new(d_input, d_output)
+        .with_bias(bias)
+        .with_scale_learning_rate(1e-3)
+        .with_learning_rate(0.05)
+        .init_from_linear(&linear)
+        .unwrap()
+}
+
+#[test]
+fn forward_and_input_gradient_match_a_host_reference() {
+    let _turn = common::take_turn();
+    // 37 inputs: not a whole group of 16 codes. 600 × 500: more than one decoded block.
+    assert!(600 * 500 > BLOCK_WEIGHTS);
+    for device in devices() {
+        let device = device.autodiff();
+        for (d_input, d_output, bias) in [(37, 23, true), (600, 500, false)] {
+            let case = (d_input, d_output, bias, &device);
+            let layer = layer(d_input, d_output, bias, &device);
+            let weights = dense(&layer.weights.host());
+            let x = host_tensor([2, 3, d_input], 0.3, &device).require_grad();
+            let dy = host_tensor([2, 3, d_output], 1.1, &device);
+            let y = layer.forward(x.clone());
+            assert_eq!(y.dims(), [2, 3, d_output]);
+            let x_rows = rows_of(x.clone().inner().reshape([6, d_input]));
+            let dy_rows = rows_of(dy.clone().reshape([6, d_output]));
+            let bias_values = layer.bias.as_ref().map(|b| rows_of(b.val().unsqueeze()));
+            let want_y: Vec<Vec<f64>> = x_rows
+                .iter()
+                .map(|x| {
+                    (0..d_output)
+                        .map(|r| {
+                            let dot: f64 = x.iter().zip(&weights[r]).map(|(a, w)| a * w).sum();
+                            dot + bias_values.as_ref().map_or(0.0, |b| b[0][r])
+                        })
+                        .collect()
+                })
+                .collect();
+            let want_dx: Vec<Vec<f64>> = dy_rows
+                .iter()
+                .map(|dy| {
+                    (0..d_input)
+                        .map(|j| (0..d_output).map(|r| dy[r] * weights[r][j]).sum())
+                        .collect()
+                })
+                .collect();
+            let got_y = y.clone().inner().reshape([6, d_output]).into_data();
+            assert_close("y", &case, 1e-5, got_y, flat(want_y));
+            let grads = (y * dy).sum().backward();
+            let dx = x.grad(&grads).unwrap().reshape([6, d_input]).into_data();
+            assert_close("dx", &case, 1e-5, dx, flat(want_dx));
+            assert_eq!(layer.weights.step(), 1, "one backward, one update");
+        }
+    }
+}
+
+#[test]
+fn backward_applies_the_update_rule_to_the_weight_gradient() {
+    let _turn = common::take_turn();
+    for device in devices() {
+        let device = device.autodiff();
+        let (d_input, d_output) = (40, 24);
+        let layer = layer(d_input, d_output, false, &device);
+        let hyper = CounterHyper {
+            learning_rate: 0.05,
+            scale_learning_rate: 1e-3,
+            beta: 0.99,
+            epsilon: 1e-8,
+            seed: 0,
+        };
+        let mut want = layer.weights.host();
+        let mut changed = 0;
+        for step in 0..3 {
+            let x = host_tensor([5, d_input], step as f32, &device);
+            let dy = host_tensor([5, d_output], 2.0 + step as f32, &device);
+            // The weight gradient as the layer forms it for one block: dyᵀ · x.
+            let gradient = dy.clone().transpose().matmul(x.clone());
+            let gradient = gradient.into_data().try_into_vec_as::<f32>().unwrap();
+            let width = words_per_row(d_input);
+            for r in 0..d_output {
+                update_row(
+                    want.code,
+                    &hyper,
+                    step,
+                    r,
+                    &mut want.words[r * width..(r + 1) * width],
+                    &gradient[r * d_input..(r + 1) * d_input],
+                    &mut want.mean_square[r],
+                    &mut want.scale[r],
+                );
+            }
+            let before = layer.weights.host();
+            (layer.forward(x) * dy).sum().backward();
+            let got = layer.weights.host();
+            assert_eq!(got, want, "step {step} on {device:?}");
+            changed += (0..d_output * d_input)
+                .filter(|&e| {
+                    let (r, j) = (e / d_input, e % d_input);
+                    let row = |h: &HostWeights| code_at(&h.words[r * width..(r + 1) * width], j);
+                    row(&before) != row(&got)
+                })
+                .count();
+        }
+        assert!(changed > 0, "the steps changed some codes");
+        assert_eq!(layer.weights.step(), 3);
+    }
+}
+
+#[test]
+fn an_input_without_gradient_still_trains_the_weights() {
+    let device = Device::flex().autodiff();
+    let layer = layer(16, 8, true, &device);
+    let before = layer.weights.host();
+    let x = host_tensor([4, 16], 0.5, &device);
+    layer.forward(x).sum().backward();
+    assert_eq!(layer.weights.step(), 1);
+    assert_ne!(layer.weights.host(), before);
+}
+
+#[test]
+fn inference_and_validation_do_not_update() {
+    let device = Device::flex().autodiff();
+    let layer = layer(16, 8, true, &device);
+    let before = layer.weights.host();
+    let valid = layer.valid();
+    let y = valid.forward(host_tensor([4, 16], 0.5, &Device::flex()));
+    assert!(!y.is_autodiff());
+    let plain = layer.forward(host_tensor([4, 16], 0.5, &device).inner());
+    assert_close("valid", &"", 0.0, y.into_data(), plain.into_data());
+    assert_eq!((layer.weights.step(), layer.weights.host()), (0, before));
+}
+
+#[test]
+fn converts_from_a_linear_and_exports_one() {
+    let device = Device::flex();
+    let layer = layer(37, 23, true, &device);
+    let host = layer.weights.host();
+    let weights = host_tensor([37, 23], 0.1, &device) * 0.2;
+    let columns = rows_of(weights.clone().transpose());
+    for (r, w) in columns.iter().enumerate() {
+        let mean_abs = w.iter().map(|w| w.abs()).sum::<f64>() / 37.0;
+        assert!((host.scale[r] as f64 - mean_abs).abs() < 1e-6, "row {r}");
+        // The latent weight (t + c/C)·s is the nearest state to w: within half a counter unit.
+        let width = words_per_row(37);
+        for (j, w) in w.iter().enumerate() {
+            let (t, c) = host.code.decode(code_at(&host.words[r * width..], j));
+            let latent = (t as f64 + c as f64 / 11.0) * host.scale[r] as f64;
+            let unit = host.scale[r] as f64 / 11.0;
+            assert!(
+                (latent - w).abs() <= unit / 2.0 + 1e-6,
+                "({r}, {j}): {latent} vs {w}"
+            );
+        }
+    }
+    let linear = layer.to_linear();
+    let want: Vec<Vec<f64>> = dense(&host);
+    let got = rows_of(linear.weight.val().transpose());
+    assert_close("s·t", &"", 0.0, flat(got), flat(want));
+    let x = host_tensor([3, 37], 0.9, &device);
+    assert_close(
+        "Linear",
+        &"",
+        1e-6,
+        linear.forward(x.clone()).into_data(),
+        layer.forward(x).into_data(),
+    );
+    assert!(
+        CounterLinearConfig::new(4, 4)
+            .with_counter_limit(12)
+            .init(&device)
+            .is_err()
+    );
+}
+
+#[test]
+#[should_panic(expected = "the input's last dimension must be d_input")]
+fn refuses_a_wrong_input_width() {
+    let device = Device::flex();
+    layer(16, 8, false, &device).forward(host_tensor([2, 15], 0.0, &device));
+}
+
+/// Bytes of every tensor the layer persists, by kind.
+fn persistent_bytes(module: &impl Module) -> (usize, usize) {
+    struct Sum(usize, usize);
+    impl ModuleVisitor for Sum {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let t = param.val();
+            self.0 += t.shape().num_elements() * t.dtype().size();
+        }
+        fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<D, Int>>) {
+            let t = param.val();
+            self.1 += t.shape().num_elements() * t.dtype().size();
+        }
+    }
+    let mut sum = Sum(0, 0);
+    module.visit(&mut sum);
+    (sum.0, sum.1)
+}
+
+#[test]
+fn persists_three_quarters_of_a_byte_per_weight() {
+    let device = Device::flex();
+    let (d_input, d_output) = (256, 96);
+    let layer = layer(d_input, d_output, false, &device);
+    let (float_bytes, int_bytes) = persistent_bytes(&layer);
+    // The code, and the step (one i32).
+    assert_eq!(int_bytes, d_input * d_output * 3 / 4 + 4);
+    // Scale and mean squared gradient per row.
+    assert_eq!(float_bytes, d_output * 2 * 4);
+    let per_weight = (float_bytes + int_bytes) as f64 / (d_input * d_output) as f64;
+    eprintln!("{d_input}×{d_output}: {per_weight:.4} bytes per weight");
+}
+
+#[test]
+fn a_record_resumes_the_training_exactly() {
+    let device = Device::flex().autodiff();
+    let train = |layer: &CounterLinear, step: usize| {
+        let x = host_tensor([4, 24], step as f32, &device);
+        let dy = host_tensor([4, 12], 3.0 + step as f32, &device);
+        (layer.forward(x) * dy).sum().backward();
+    };
+    let layer = layer(24, 12, true, &device);
+    for step in 0..2 {
+        train(&layer, step);
+    }
+    let dir = common::temp_dir();
+    let path = dir.path().join("counter");
+    layer.clone().save_file(&path).unwrap();
+    let fresh = CounterLinearConfig::new(24, 12)
+        .with_scale_learning_rate(1e-3)
+        .with_learning_rate(0.05)
+        .init(&device)
+        .unwrap();
+    assert_ne!(fresh.weights.host(), layer.weights.host());
+    let resumed = fresh.load_file(&path);
+    assert_eq!(resumed.weights.host(), layer.weights.host());
+    assert_eq!(resumed.weights.step(), 2);
+    train(&layer, 2);
+    train(&resumed, 2);
+    assert_eq!(resumed.weights.host(), layer.weights.host());
+}
+
+/// A least-squares fit of a random linear map: the loss falls to a fraction of its start.
+#[test]
+fn learns_a_linear_map() {
+    let _turn = common::take_turn();
+    for device in devices() {
+        let device = device.autodiff();
+        let (d_input, d_output) = (32, 16);
+        let target = host_tensor([d_input, d_output], 4.2, &device).inner() * 0.3;
+        let layer = CounterLinearConfig::new(d_input, d_output)
+            .with_bias(false)
+            .with_learning_rate(0.02)
+            .init_from_linear(
+                &LinearConfig::new(d_input, d_output)
+                    .with_bias(false)
+                    .init(&device),
+            )
+            .unwrap();
+        let loss_at = |step: usize| {
+            let x = host_tensor([64, d_input], step as f32 * 0.31, &device);
+            let want = x.clone().inner().matmul(target.clone());
+            (layer.forward(x) - Tensor::from_inner(want))
+                .powi_scalar(2)
+                .mean()
+        };
+        let first = loss_at(0).into_scalar::<f64>();
+        for step in 0..150 {
+            loss_at(step).backward();
+        }
+        let last = loss_at(1000).inner().into_scalar::<f64>();
+        eprintln!("{device:?}: loss {first:.4} → {last:.4}");
+        assert!(last < first / 4.0, "{first} → {last}");
+    }
+}
