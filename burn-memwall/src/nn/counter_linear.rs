@@ -20,10 +20,12 @@ use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType, IntDType};
 
+use super::Routed;
 use crate::ops::counter_code::{CounterCode, CounterCodeError, CounterHyper, SCALE_RANGE};
 use crate::ops::counter_code::{set_code, words_per_row};
 use crate::ops::counter_linear::HostWeights;
 use crate::ops::handwritten_backward::{BackwardContext, HandwrittenBackward, attach_backward};
+use crate::ops::packed_matmul::PackedRows;
 use crate::optim::InBackward;
 
 /// Configuration of a [`CounterLinear`].
@@ -129,20 +131,11 @@ pub struct CounterLinear {
 }
 
 impl CounterLinear {
-    /// `[..., d_input]` → `[..., d_output]`.
+    /// `[..., d_input]` → `[..., d_output]`. In a model trained by
+    /// [`InBackward`], use [`crate::nn::Routed::counter_linear`] instead: the update then takes
+    /// the step's learning rate, so it follows the schedule.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let y = self.weights.forward(x);
-        match &self.bias {
-            Some(bias) => y + bias.val().unsqueeze(),
-            None => y,
-        }
-    }
-
-    /// The step's learning rate reaches the layer's update through `in_backward` while
-    /// [`InBackward::step`] runs (the bias, an ordinary parameter, is not routed by this).
-    pub fn with_in_backward(mut self, in_backward: Option<InBackward>) -> Self {
-        self.weights.in_backward = in_backward;
-        self
+        Routed::new(None).counter_linear(self, x)
     }
 
     /// The inference weights, `s·t` as a `burn::nn::Linear` (`[d_input, d_output]`).
@@ -173,7 +166,6 @@ pub struct CounterWeights {
     code: CounterCode,
     d_input: usize,
     hyper: CounterHyper,
-    in_backward: Option<InBackward>,
 }
 
 #[derive(Debug)]
@@ -204,7 +196,6 @@ impl CounterWeights {
             code: host.code,
             d_input: host.d_input,
             hyper,
-            in_backward: None,
         };
         weights.lock().store(host);
         weights
@@ -231,8 +222,13 @@ impl CounterWeights {
     }
 
     /// `[..., d_input]` → `[..., d_output]`, `x · (s·t)ᵀ`; under autodiff, the backward pass
-    /// gives the input its gradient and updates the weights.
-    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+    /// gives the input its gradient and updates the weights (at the learning rate of the
+    /// running step of `in_backward`, if any).
+    pub fn forward<const D: usize>(
+        &self,
+        x: Tensor<D>,
+        in_backward: Option<&InBackward>,
+    ) -> Tensor<D> {
         let dims = x.dims();
         assert_eq!(
             dims[D - 1],
@@ -257,6 +253,7 @@ impl CounterWeights {
         let backward = CounterBackward {
             weights: self.clone(),
             input,
+            in_backward: in_backward.cloned(),
         };
         let context = BackwardContext::new(Box::new(backward), Vec::new());
         attach_backward(x, Tensor::from_inner(y), context).reshape(out_dims)
@@ -295,12 +292,14 @@ impl CounterState {
     }
 }
 
-/// What the layer's backward needs: the weights (shared, to update them) and the input.
+/// What the layer's backward needs: the weights (shared, to update them), the input, and where
+/// the step's learning rate comes from.
 #[derive(Debug)]
 struct CounterBackward {
     weights: CounterWeights,
     /// `[rows, d_input]`, outside the graph.
     input: Tensor<2>,
+    in_backward: Option<InBackward>,
 }
 
 impl HandwrittenBackward for CounterBackward {
@@ -309,15 +308,18 @@ impl HandwrittenBackward for CounterBackward {
         output_gradient: DispatchTensor,
         _param_gradient: &mut dyn FnMut(ParamId, DispatchTensor),
     ) -> DispatchTensor {
-        let CounterBackward { weights, input } = *self;
+        let CounterBackward {
+            weights,
+            input,
+            in_backward,
+        } = *self;
         let dtype = input.dtype();
         let dy = Tensor::<2>::from_dispatch(output_gradient).cast(FloatDType::F32);
         let mut state = weights.lock();
         let mut host = state.host(weights.code, weights.d_input);
         // The input's gradient reads the weights before this step's update.
         let dx = host.matmul_transposed(dy.clone()).cast(dtype);
-        let learning_rate = weights
-            .in_backward
+        let learning_rate = in_backward
             .as_ref()
             .and_then(|in_backward| in_backward.learning_rate(state.ids[0]));
         let hyper = CounterHyper {
@@ -416,7 +418,6 @@ impl Module for CounterWeights {
         };
         Self {
             state: Arc::new(Mutex::new(snapshot)),
-            in_backward: None,
             ..self.clone()
         }
     }

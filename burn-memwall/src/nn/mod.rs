@@ -3,6 +3,8 @@
 //!
 //! - [`CounterLinear`]: a linear of 6-bit counter synapses that updates itself in its own
 //!   backward (no weight parameter, no optimizer state), on [`crate::ops::counter_linear`];
+//! - [`TernaryLinear`]: BitNet b1.58 quantisation-aware training of a linear, exported packed in
+//!   2 bits per weight;
 //! - [`FlashMultiHeadAttention`]: Burn's multi-head attention on [`crate::ops::flash_attention`];
 //! - [`FusedLinearCrossEntropyLoss`]: an LM head's `Linear` + `CrossEntropyLoss` on
 //!   [`crate::ops::fused_linear_cross_entropy`];
@@ -16,6 +18,7 @@ mod flash_mha;
 mod fused_linear_cross_entropy_loss;
 mod reversible;
 mod routed;
+mod ternary_linear;
 
 pub use counter_linear::{CounterLinear, CounterLinearConfig, CounterWeights};
 pub use flash_mha::{FlashMhaError, FlashMhaInput, FlashMultiHeadAttention};
@@ -24,3 +27,4 @@ pub use fused_linear_cross_entropy_loss::{
 };
 pub use reversible::{CouplingFunction, ReversibleError, ReversibleSequence};
 pub use routed::Routed;
+pub use ternary_linear::{TernaryLinear, TernaryLinearConfig, ternary_linear};

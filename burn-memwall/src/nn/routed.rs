@@ -8,6 +8,7 @@ use burn::prelude::*;
 use burn::tensor::DType;
 use burn::tensor::module::{embedding, linear};
 
+use super::{CounterLinear, TernaryLinear, ternary_linear};
 use crate::optim::InBackward;
 use crate::optim::in_backward::param_value;
 
@@ -37,6 +38,23 @@ impl<'a> Routed<'a> {
         let weight = self.param(&layer.weight, &x);
         let bias = layer.bias.as_ref().map(|bias| self.param(bias, &x));
         linear(x, weight, bias)
+    }
+
+    /// `layer.forward(x)` with the latent weight (and bias) routed.
+    pub fn ternary_linear<const D: usize>(&self, layer: &TernaryLinear, x: Tensor<D>) -> Tensor<D> {
+        let weight = self.param(&layer.weight, &x);
+        let bias = layer.bias.as_ref().map(|bias| self.param(bias, &x));
+        ternary_linear(x, weight, bias, layer.quantize_activations)
+    }
+
+    /// `layer.forward(x)`: the weights update themselves in backward at the step's learning
+    /// rate; the bias is routed.
+    pub fn counter_linear<const D: usize>(&self, layer: &CounterLinear, x: Tensor<D>) -> Tensor<D> {
+        let y = layer.weights.forward(x.clone(), self.in_backward);
+        match &layer.bias {
+            Some(bias) => y + self.param(bias, &x).unsqueeze(),
+            None => y,
+        }
     }
 
     /// `norm.forward(x)`: `[..., d_model]` → `[..., d_model]`, with the same arithmetic.

@@ -11,3 +11,5 @@ mod flex;
 pub mod fused_linear_cross_entropy;
 pub mod handwritten_backward;
 pub mod momentum_update;
+pub mod packed_matmul;
+pub mod ternary_code;

@@ -1,0 +1,194 @@
+//! `TernaryLinear` against an f64 host reference: forward with ternary weights (and int8
+//! activations), straight-through gradients, the 2-bit export, and learning with Burn's AdamW.
+
+mod common;
+
+use burn::module::Param;
+use burn::nn::LinearConfig;
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::prelude::*;
+use burn_memwall::nn::{TernaryLinear, TernaryLinearConfig};
+use burn_memwall::ops::ternary_code::{PackedTernary, ternary_words_per_row};
+use common::{assert_close, devices};
+
+fn host_tensor<const D: usize>(dims: [usize; D], salt: f32, device: &Device) -> Tensor<D> {
+    let n = dims.iter().product::<usize>();
+    let values: Vec<f32> = (0..n)
+        .map(|i| ((i as f32 * 0.37 + salt) * 1.3).sin())
+        .collect();
+    Tensor::<1>::from_floats(values.as_slice(), device).reshape(dims)
+}
+
+fn rows_of(t: Tensor<2>) -> Vec<Vec<f64>> {
+    let [_, n] = t.dims();
+    let values = t.into_data().try_into_vec_as::<f64>().unwrap();
+    values.chunks(n).map(<[f64]>::to_vec).collect()
+}
+
+fn flat(rows: &[Vec<f64>]) -> TensorData {
+    TensorData::new(rows.concat(), [rows.len(), rows[0].len()])
+}
+
+fn matmul(a: &[Vec<f64>], b: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    a.iter()
+        .map(|row| {
+            (0..b[0].len())
+                .map(|j| row.iter().zip(b).map(|(x, b)| x * b[j]).sum())
+                .collect()
+        })
+        .collect()
+}
+
+fn transpose(a: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    (0..a[0].len())
+        .map(|j| a.iter().map(|row| row[j]).collect())
+        .collect()
+}
+
+/// `γ · round(clip(w/γ, −1, 1))`, γ the mean |w|.
+fn quantized_weight(w: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    let n = (w.len() * w[0].len()) as f64;
+    let gamma = w.iter().flatten().map(|w| w.abs()).sum::<f64>() / n;
+    w.iter()
+        .map(|row| {
+            row.iter()
+                .map(|w| (w / gamma).round().clamp(-1.0, 1.0) * gamma)
+                .collect()
+        })
+        .collect()
+}
+
+/// Each row to 255 levels of its absolute maximum.
+fn quantized_input(x: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    x.iter()
+        .map(|row| {
+            let step = row.iter().fold(0.0f64, |m, v| m.max(v.abs())) / 127.0;
+            row.iter()
+                .map(|v| (v / step).round().clamp(-128.0, 127.0) * step)
+                .collect()
+        })
+        .collect()
+}
+
+fn layer(d_input: usize, d_output: usize, quantize: bool, device: &Device) -> TernaryLinear {
+    let mut linear = LinearConfig::new(d_input, d_output).init(device);
+    linear.weight = Param::from_tensor(host_tensor([d_input, d_output], 0.2, device) * 0.1);
+    linear.bias = Some(Param::from_tensor(host_tensor([d_output], 0.9, device)));
+    TernaryLinearConfig::new(d_input, d_output)
+        .with_quantize_activations(quantize)
+        .init_from_linear(linear)
+}
+
+#[test]
+fn forward_and_straight_through_gradients_match_a_host_reference() {
+    let _turn = common::take_turn();
+    for device in devices() {
+        let device = device.autodiff();
+        for quantize in [false, true] {
+            let case = (quantize, &device);
+            let (d_input, d_output, m) = (29, 13, 6);
+            let layer = layer(d_input, d_output, quantize, &device);
+            let w = rows_of(layer.weight.val().inner());
+            let b = rows_of(layer.bias.as_ref().unwrap().val().inner().unsqueeze())[0].clone();
+            let x = host_tensor([2, 3, d_input], 0.4, &device).require_grad();
+            let dy = host_tensor([2, 3, d_output], 1.7, &device);
+            let x_rows = rows_of(x.clone().inner().reshape([m, d_input]));
+            let dy_rows = rows_of(dy.clone().reshape([m, d_output]));
+            let x_used = if quantize {
+                quantized_input(&x_rows)
+            } else {
+                x_rows
+            };
+            let w_used = quantized_weight(&w);
+            let mut want_y = matmul(&x_used, &w_used);
+            for row in &mut want_y {
+                for (y, b) in row.iter_mut().zip(&b) {
+                    *y += b;
+                }
+            }
+            let y = layer.forward(x.clone());
+            let got_y = y.clone().inner().reshape([m, d_output]).into_data();
+            assert_close("y", &case, 1e-5, got_y, flat(&want_y));
+            let grads = (y * dy).sum().backward();
+            // Straight through: the quantisers pass the gradient unchanged.
+            let want_dx = matmul(&dy_rows, &transpose(&w_used));
+            let want_dw = matmul(&transpose(&x_used), &dy_rows);
+            let dx = x.grad(&grads).unwrap().reshape([m, d_input]).into_data();
+            assert_close("dx", &case, 1e-5, dx, flat(&want_dx));
+            let dw = layer.weight.val().grad(&grads).unwrap().into_data();
+            assert_close("dw", &case, 1e-5, dw, flat(&want_dw));
+        }
+    }
+}
+
+#[test]
+fn packs_two_bits_per_weight_and_infers_the_same() {
+    let device = Device::flex();
+    let (d_input, d_output) = (37, 11);
+    let layer = layer(d_input, d_output, false, &device);
+    let packed = layer.pack();
+    let want = quantized_weight(&rows_of(layer.weight.val()));
+    let gamma = want.iter().flatten().fold(0.0f64, |m, v| m.max(v.abs()));
+    assert!((packed.scale() as f64 - gamma).abs() < 1e-6);
+    for (i, row) in want.iter().enumerate() {
+        for (r, w) in row.iter().enumerate() {
+            assert_eq!(
+                packed.ternary(r, i),
+                (w / gamma).round() as i32,
+                "({r}, {i})"
+            );
+        }
+    }
+    assert_eq!(
+        packed.words().len(),
+        d_output * ternary_words_per_row(d_input)
+    );
+    assert_eq!(
+        ternary_words_per_row(64) * 4,
+        64 / 4,
+        "0.25 byte per weight"
+    );
+    let x = host_tensor([3, d_input], 0.6, &device);
+    let bias = layer.bias.as_ref().unwrap().val().unsqueeze();
+    assert_close(
+        "packed",
+        &"",
+        1e-5,
+        (packed.forward(x.clone()) + bias).into_data(),
+        layer.forward(x).into_data(),
+    );
+}
+
+#[test]
+#[should_panic(expected = "ternary 1 is 2")]
+fn refuses_a_value_that_is_not_ternary() {
+    PackedTernary::new(2, 1, [1, 2], 1.0);
+}
+
+#[test]
+fn learns_a_linear_map_with_adamw() {
+    let _turn = common::take_turn();
+    let device = Device::flex().autodiff();
+    device.seed(3);
+    let (d_input, d_output) = (32, 16);
+    let target = host_tensor([d_input, d_output], 4.2, &device).inner() * 0.3;
+    let mut layer = TernaryLinearConfig::new(d_input, d_output)
+        .with_bias(false)
+        .init(&device);
+    let mut optimizer = AdamWConfig::new().init();
+    let loss_at = |layer: &TernaryLinear, step: usize| {
+        let x = host_tensor([64, d_input], step as f32 * 0.31, &device);
+        let want = x.clone().inner().matmul(target.clone());
+        (layer.forward(x) - Tensor::from_inner(want))
+            .powi_scalar(2)
+            .mean()
+    };
+    let first = loss_at(&layer, 0).into_scalar::<f64>();
+    for step in 0..150 {
+        let grads = GradientsParams::from_grads(loss_at(&layer, step).backward(), &layer);
+        layer = optimizer.step(0.01, layer, grads);
+    }
+    let last = loss_at(&layer, 1000).into_scalar::<f64>();
+    eprintln!("loss {first:.4} → {last:.4}");
+    assert!(last < first / 4.0, "{first} → {last}");
+}
