@@ -13,7 +13,9 @@ use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, human_bytes};
 use burn_memwall_models::data::{TextTokenizer, load_text};
-use burn_memwall_models::lm::{AttentionKind, BlockKind, LmConfig, LossKind, human_count};
+use burn_memwall_models::lm::{
+    AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, human_count,
+};
 use burn_memwall_models::training::{StepOptimizer, measure_steps};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
@@ -73,6 +75,7 @@ struct Stack {
     fused_loss: bool,
     optimizer: StepOptimizer,
     blocks: BlockKind,
+    linear: LinearKind,
 }
 
 const fn stack(
@@ -87,6 +90,7 @@ const fn stack(
         fused_loss,
         optimizer,
         blocks: BlockKind::Standard,
+        linear: LinearKind::Dense,
     }
 }
 
@@ -99,8 +103,16 @@ const fn reversible(stack: Stack) -> Stack {
     }
 }
 
+/// `stack` with the blocks' linears of `kind` (embeddings, norms and head stay dense).
+const fn with_linear(kind: LinearKind, stack: Stack) -> Stack {
+    Stack {
+        linear: kind,
+        ..stack
+    }
+}
+
 /// Every stack memgate knows, in the order they are reported.
-const STACKS: [Stack; 12] = [
+const STACKS: [Stack; 15] = [
     stack("baseline", false, false, StepOptimizer::AdamW),
     stack("flash-attention", true, false, StepOptimizer::AdamW),
     stack("fused-loss", false, true, StepOptimizer::AdamW),
@@ -138,6 +150,23 @@ const STACKS: [Stack; 12] = [
         true,
         StepOptimizer::AdamW,
     )),
+    with_linear(
+        LinearKind::Ternary,
+        stack("ternary", false, false, StepOptimizer::AdamW),
+    ),
+    with_linear(
+        LinearKind::Counter,
+        stack("counter", false, false, StepOptimizer::AdamW),
+    ),
+    with_linear(
+        LinearKind::Counter,
+        stack(
+            "counter+all-fused",
+            true,
+            true,
+            StepOptimizer::InBackwardFusedAdamW,
+        ),
+    ),
 ];
 
 fn find_stack(name: &str) -> Result<&'static Stack, String> {
@@ -280,6 +309,7 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
         config.loss = LossKind::Fused;
     }
     config.blocks = stack.blocks;
+    config.linear = stack.linear;
     if let Some(tie) = args.tie_embeddings {
         config.tie_embeddings = tie;
     }

@@ -13,7 +13,9 @@ use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes};
 use burn_memwall_models::data::{TextTokenizer, load_text};
-use burn_memwall_models::lm::{AttentionKind, BlockKind, LmConfig, LossKind, PRESETS, human_count};
+use burn_memwall_models::lm::{
+    AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, PRESETS, human_count,
+};
 use burn_memwall_models::training::{Artifacts, RunConfig, TrainingConfig, train};
 use clap::{Parser, ValueEnum};
 
@@ -45,6 +47,18 @@ enum BlocksArg {
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum LinearArg {
+    /// f32 weights trained by AdamW.
+    Dense,
+    /// BitNet b1.58 ternary weights, trained through f32 latent weights by AdamW.
+    Ternary,
+    /// 6-bit counter synapses that update themselves in backward (no weight parameter, no
+    /// optimizer state). With `--in-backward` their step follows the learning-rate schedule;
+    /// without, it is a fixed 1e-3.
+    Counter,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
 enum LossArg {
     /// Full logits, then Burn's `CrossEntropyLoss` (keeps `[tokens, vocab]` for the backward).
     Burn,
@@ -64,6 +78,9 @@ struct Args {
     /// Block structure; `reversible` is a different model, not another algorithm.
     #[arg(long, value_enum, default_value = "standard")]
     blocks: BlocksArg,
+    /// The blocks' linears (attention and MLP); embeddings, norms and head stay dense.
+    #[arg(long, value_enum, default_value = "dense")]
+    linear: LinearArg,
     /// Loss implementation; both train the same weights to the same loss.
     #[arg(long, value_enum, default_value = "burn")]
     loss: LossArg,
@@ -140,6 +157,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     model.blocks = match args.blocks {
         BlocksArg::Standard => BlockKind::Standard,
         BlocksArg::Reversible => BlockKind::Reversible,
+    };
+    model.linear = match args.linear {
+        LinearArg::Dense => LinearKind::Dense,
+        LinearArg::Ternary => LinearKind::Ternary,
+        LinearArg::Counter => LinearKind::Counter,
     };
     model.loss = match args.loss {
         LossArg::Burn => LossKind::Burn,

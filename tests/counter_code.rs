@@ -4,8 +4,8 @@
 //! behaves at the walls.
 
 use burn_memwall::ops::counter_code::{
-    CODE_BITS, CounterCode, CounterCodeError, CounterHyper, MAX_COUNTER_LIMIT, RowStep, code_at,
-    row_step, set_code, tick, uniform, update_row, words_per_row,
+    CODE_BITS, CounterCode, CounterCodeError, CounterHyper, MAX_COUNTER_LIMIT, RowStep,
+    bias_correction, code_at, row_step, set_code, tick, uniform, update_row, words_per_row,
 };
 
 #[test]
@@ -178,19 +178,29 @@ fn row_statistics_follow_the_formulas() {
     let gradient = [0.5f32, -1.0, 2.0, 0.0];
     let ternary = [1, 1, -1, 0];
     let (mut v, mut s) = (0.4f32, 0.8f32);
-    let step = row_step(&hyper, &gradient, |i| ternary[i], &mut v, &mut s);
+    let step = row_step(&hyper, 2, &gradient, |i| ternary[i], &mut v, &mut s);
     // mean g² = (0.25 + 1 + 4) / 4; Σ g·t = 0.5 − 1 − 2 = −2.5; √n_in = 2.
     let want_v = 0.9 * 0.4 + 0.1 * 5.25 / 4.0;
     assert!((v - want_v).abs() < 1e-6, "{v} vs {want_v}");
     assert!((s - (0.8 + 0.1 * 2.5 / 2.0)).abs() < 1e-6, "{s}");
     assert_eq!((step.scale, step.new_scale), (0.8, s));
-    assert!((step.rms - want_v.sqrt()).abs() < 1e-6);
+    // The third step (step 2) divides v by 1 − 0.9³.
+    assert!((step.rms - (want_v / (1.0 - 0.729)).sqrt()).abs() < 1e-6);
+    // At the first step the corrected statistic is the gradient's own mean square.
+    let mut v = 0.0f32;
+    let first = row_step(&hyper, 0, &gradient, |i| ternary[i], &mut v, &mut 0.8);
+    assert!(
+        (first.rms - (5.25f32 / 4.0).sqrt()).abs() < 1e-6,
+        "{}",
+        first.rms
+    );
+    assert!((bias_correction(0.99, 1_000_000) - 1.0).abs() < 1e-6);
     // The scale stays within its bounds, and D within its floor.
     let (mut v, mut s) = (0.0f32, 1e-5f32);
-    let step = row_step(&hyper, &[0.0, 0.0], |_| 1, &mut v, &mut s);
+    let step = row_step(&hyper, 0, &[0.0, 0.0], |_| 1, &mut v, &mut s);
     assert_eq!((step.rms, s), (hyper.epsilon, 1e-5));
     let mut s = 9.99f32;
-    row_step(&hyper, &[-100.0, -100.0], |_| 1, &mut v, &mut s);
+    row_step(&hyper, 0, &[-100.0, -100.0], |_| 1, &mut v, &mut s);
     assert_eq!(s, 10.0);
 }
 
@@ -219,9 +229,10 @@ fn stochastic_rounding_is_unbiased() {
         set_code(&mut start_words, i, *k);
     }
     let hyper = hyper(0.004);
+    // Step 1 from v = 0: v = (1 − β)·mean g², corrected by 1 − β².
     let mean_square =
         (1.0 - hyper.beta) * gradient.iter().map(|g| g * g).sum::<f32>() / n_in as f32;
-    let rms = mean_square.sqrt();
+    let rms = (mean_square / bias_correction(hyper.beta, 1)).sqrt();
     let expected: Vec<f64> = gradient
         .iter()
         .map(|g| -(hyper.learning_rate * g / rms) as f64)

@@ -334,3 +334,45 @@ fn learns_a_linear_map() {
         assert!(last < first / 4.0, "{first} → {last}");
     }
 }
+
+/// Inside an `InBackward` step, the update takes the step's learning rate, not the config's:
+/// it follows the schedule.
+#[test]
+fn the_update_takes_the_in_backward_steps_learning_rate() {
+    use burn::optim::SgdConfig;
+    use burn_memwall::nn::Routed;
+    use burn_memwall::optim::InBackward;
+
+    let device = Device::flex().autodiff();
+    let (d_input, d_output) = (20, 12);
+    let layer = layer(d_input, d_output, false, &device);
+    let x = host_tensor([5, d_input], 0.8, &device);
+    let dy = host_tensor([5, d_output], 2.5, &device);
+    let step_learning_rate = 0.3;
+    let hyper = CounterHyper {
+        learning_rate: step_learning_rate as f32,
+        scale_learning_rate: 1e-3,
+        beta: 0.99,
+        epsilon: 1e-8,
+        seed: 0,
+    };
+    let mut want = layer.weights.host();
+    let gradient = dy.clone().transpose().matmul(x.clone());
+    let gradient = gradient.into_data().try_into_vec_as::<f32>().unwrap();
+    let width = words_per_row(d_input);
+    for r in 0..d_output {
+        let (words, row_gradient) = (
+            &mut want.words[r * width..(r + 1) * width],
+            &gradient[r * d_input..(r + 1) * d_input],
+        );
+        let (v, s) = (&mut want.mean_square[r], &mut want.scale[r]);
+        update_row(want.code, &hyper, 0, r, words, row_gradient, v, s);
+    }
+    let in_backward = InBackward::new();
+    let loss = (Routed::new(Some(&in_backward)).counter_linear(&layer, x) * dy).sum();
+    let mut optimizer = SgdConfig::new().init();
+    let layer = in_backward
+        .step(&mut optimizer, step_learning_rate, layer, loss)
+        .unwrap();
+    assert_eq!(layer.weights.host(), want);
+}

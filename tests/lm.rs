@@ -7,7 +7,9 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_memwall_models::Error;
-use burn_memwall_models::lm::{AttentionKind, BlockKind, LmConfig, LossKind, MlpKind, PRESETS};
+use burn_memwall_models::lm::{
+    AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, MlpKind, PRESETS,
+};
 
 /// A small config exercising grouped-query attention and an untied head.
 fn small_gqa() -> LmConfig {
@@ -26,7 +28,15 @@ fn random_tokens(batch: usize, seq: usize, vocab: usize, device: &Device) -> Ten
 fn logits_have_batch_seq_vocab_shape_on_every_device() {
     for device in common::devices() {
         let reversible = small_gqa().with_blocks(BlockKind::Reversible);
-        for config in [LmConfig::preset("tiny").unwrap(), small_gqa(), reversible] {
+        let ternary = small_gqa().with_linear(LinearKind::Ternary);
+        let counter = reversible.clone().with_linear(LinearKind::Counter);
+        for config in [
+            LmConfig::preset("tiny").unwrap(),
+            small_gqa(),
+            reversible,
+            ternary,
+            counter,
+        ] {
             let model = config.init(&device).unwrap();
             let logits = model.forward(random_tokens(3, 17, config.vocab_size, &device));
             assert_eq!(logits.dims(), [3, 17, config.vocab_size], "{device:?}");
@@ -160,7 +170,54 @@ fn param_count_is_exact() {
     for config in variants {
         let model = config.init(&device).unwrap();
         assert_eq!(model.num_params(), config.param_count(), "{config}");
+        // Ternary linears train latent weights of the dense shapes.
+        let ternary = config.clone().with_linear(LinearKind::Ternary);
+        assert_eq!(
+            ternary.init(&device).unwrap().num_params(),
+            config.param_count()
+        );
     }
+}
+
+/// Counter linears hold no weight parameter: the blocks' weights are codes of 0.75 byte, and
+/// only the embedding, norms and head are left for the optimizer.
+#[test]
+fn counter_linears_leave_only_embedding_norms_and_head_to_the_optimizer() {
+    let device = Device::flex().autodiff();
+    let config = LmConfig {
+        d_ff: 96,
+        ..small_gqa()
+    };
+    let counter = config.clone().with_linear(LinearKind::Counter);
+    let model = counter.init(&device).unwrap();
+    struct Sizes {
+        trained: usize,
+        int_bytes: usize,
+    }
+    impl ModuleVisitor for Sizes {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if param.val().is_require_grad() {
+                self.trained += param.val().shape().num_elements();
+            }
+        }
+        fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<D, Int>>) {
+            let t = param.val();
+            self.int_bytes += t.shape().num_elements() * t.dtype().size();
+        }
+    }
+    let mut sizes = Sizes {
+        trained: 0,
+        int_bytes: 0,
+    };
+    model.visit(&mut sizes);
+    let d = config.d_model;
+    let kv = config.n_kv_heads * config.d_head();
+    let block_weights = config.n_layers * (2 * d * d + 2 * d * kv + 3 * d * config.d_ff);
+    let others = config.param_count() - block_weights;
+    assert_eq!(sizes.trained, others);
+    // 48- and 96-wide inputs are whole groups of 16 codes; one i32 step per linear.
+    let linears = config.n_layers * 7;
+    assert_eq!(sizes.int_bytes, block_weights * 3 / 4 + 4 * linears);
 }
 
 #[test]

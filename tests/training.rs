@@ -6,7 +6,7 @@ use burn::prelude::*;
 use burn_memwall_models::Error;
 use burn_memwall_models::checkpoint::{load_safetensors, save_safetensors};
 use burn_memwall_models::data::{DEFAULT_CORPUS, TextTokenizer};
-use burn_memwall_models::lm::LmConfig;
+use burn_memwall_models::lm::{LinearKind, LmConfig};
 use burn_memwall_models::training::{Artifacts, RunConfig, TrainReport, TrainingConfig, train};
 
 fn model_config() -> LmConfig {
@@ -159,6 +159,53 @@ fn in_backward_training_matches_adamw_and_resumes_exactly() {
     .unwrap();
     let resumed = run(&in_backward(3), &device, &artifacts, true).unwrap();
     assert_eq!(losses(&resumed), losses(&uninterrupted)[2..]);
+}
+
+/// Ternary and counter linears train through the Learner (the counter's own update inside
+/// backward, at the step's learning rate), the loss falls, a resumed run continues exactly (the
+/// counters, scales, statistics and step are in the checkpoint), and the exported weights load
+/// back bit-exactly.
+#[test]
+fn quantized_linears_train_resume_and_export_exactly() {
+    let _turn = common::take_turn();
+    let device = Device::flex();
+    for linear in [LinearKind::Ternary, LinearKind::Counter] {
+        let config = |epochs| {
+            let mut config = run_config(epochs);
+            config.model.linear = linear;
+            config.training.in_backward = linear == LinearKind::Counter;
+            config
+        };
+        let uninterrupted_dir = common::temp_dir();
+        let full = run(
+            &config(3),
+            &device,
+            &Artifacts::new(uninterrupted_dir.path()),
+            false,
+        )
+        .unwrap();
+        let uniform = (256f64).ln();
+        let last = full.epochs[2];
+        assert!(
+            last.valid_loss < 0.7 * uniform,
+            "{linear:?}: valid loss {} after 36 steps",
+            last.valid_loss
+        );
+        let dir = common::temp_dir();
+        let artifacts = Artifacts::new(dir.path());
+        run(&config(2), &device, &artifacts, false).unwrap();
+        let resumed = run(&config(3), &device, &artifacts, true).unwrap();
+        assert_eq!(losses(&resumed), losses(&full)[2..], "{linear:?}");
+
+        let exported = uninterrupted_dir.path().join("model.safetensors");
+        let loaded = load_safetensors(config(3).model.init(&device).unwrap(), &exported).unwrap();
+        let tokens = Tensor::<2, Int>::from_data([[1, 7, 42, 9, 200]], &device);
+        assert_eq!(
+            loaded.forward(tokens.clone()).into_data(),
+            full.model.forward(tokens).into_data(),
+            "{linear:?}"
+        );
+    }
 }
 
 #[test]

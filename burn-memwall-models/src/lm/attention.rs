@@ -2,14 +2,14 @@
 //! burn-memwall's flash attention.
 
 use burn::module::Module;
-use burn::nn::{Linear, LinearConfig, RotaryEncoding};
+use burn::nn::RotaryEncoding;
 use burn::prelude::*;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn_memwall::nn::Routed;
 use burn_memwall::ops::flash_attention::{FlashAttentionOptions, flash_attention};
 
-use super::{AttentionKind, LmConfig};
+use super::{AttentionKind, BlockLinear, LmConfig};
 
 /// `softmax(QKᵀ/√d_head + causal mask) V` with `n_kv_heads` key/value heads shared by groups of
 /// query heads. With [`AttentionKind::Burn`] the score matrix goes through
@@ -17,10 +17,10 @@ use super::{AttentionKind, LmConfig};
 /// (the baseline); [`AttentionKind::Flash`] never does.
 #[derive(Module, Debug)]
 pub struct CausalSelfAttention {
-    query: Linear,
-    key: Linear,
-    value: Linear,
-    output: Linear,
+    query: BlockLinear,
+    key: BlockLinear,
+    value: BlockLinear,
+    output: BlockLinear,
     n_heads: usize,
     n_kv_heads: usize,
     #[module(skip)]
@@ -31,7 +31,7 @@ impl CausalSelfAttention {
     pub fn new(config: &LmConfig, device: &Device) -> Self {
         let d = config.d_model;
         let d_kv = config.n_kv_heads * config.d_head();
-        let linear = |d_in, d_out| LinearConfig::new(d_in, d_out).with_bias(false).init(device);
+        let linear = |d_in, d_out| BlockLinear::new(config.linear, d_in, d_out, device);
         Self {
             query: linear(d, d),
             key: linear(d, d_kv),
@@ -49,9 +49,9 @@ impl CausalSelfAttention {
         let d_head = d_model / self.n_heads;
         let heads = |t: Tensor<3>, n: usize| t.reshape([batch, seq, n, d_head]).swap_dims(1, 2);
 
-        let q = rope.forward(heads(route.linear(&self.query, x.clone()), self.n_heads));
-        let k = rope.forward(heads(route.linear(&self.key, x.clone()), self.n_kv_heads));
-        let v = heads(route.linear(&self.value, x), self.n_kv_heads);
+        let q = rope.forward(heads(self.query.forward(x.clone(), route), self.n_heads));
+        let k = rope.forward(heads(self.key.forward(x.clone(), route), self.n_kv_heads));
+        let v = heads(self.value.forward(x, route), self.n_kv_heads);
 
         let out = match self.kind {
             AttentionKind::Burn => {
@@ -69,10 +69,8 @@ impl CausalSelfAttention {
                 flash_attention(q, k, v, None, options)
             }
         };
-        route.linear(
-            &self.output,
-            out.swap_dims(1, 2).reshape([batch, seq, d_model]),
-        )
+        self.output
+            .forward(out.swap_dims(1, 2).reshape([batch, seq, d_model]), route)
     }
 
     /// `[batch, kv_heads, seq, d_head]` → `[batch, heads, seq, d_head]`: Burn's autodiff

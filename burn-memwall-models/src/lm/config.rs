@@ -3,6 +3,7 @@
 use burn::config::Config;
 use serde::{Deserialize, Serialize};
 
+use super::LinearKind;
 use crate::Error;
 
 /// Feed-forward block of each layer.
@@ -76,6 +77,9 @@ pub struct LmConfig {
     /// Standard or reversible blocks.
     #[config(default = "BlockKind::Standard")]
     pub blocks: BlockKind,
+    /// How the blocks' linears hold and train their weights.
+    #[config(default = "LinearKind::Dense")]
+    pub linear: LinearKind,
     /// Feed-forward block.
     #[config(default = "MlpKind::SwiGlu")]
     pub mlp: MlpKind,
@@ -172,7 +176,8 @@ impl LmConfig {
         Ok(())
     }
 
-    /// Exact number of trainable scalars of the model this config builds.
+    /// Exact number of weights of the model this config builds (trainable scalars; for counter
+    /// linears, the weights their codes hold).
     pub fn param_count(&self) -> usize {
         let d = self.block_width();
         let kv = self.n_kv_heads * self.d_head();

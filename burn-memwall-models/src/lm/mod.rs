@@ -2,12 +2,14 @@
 
 mod attention;
 mod config;
+mod linear;
 mod mlp;
 mod model;
 mod reversible;
 
 pub use attention::CausalSelfAttention;
 pub use config::{AttentionKind, BlockKind, LmConfig, LossKind, MlpKind, PRESETS, human_count};
+pub use linear::{BlockLinear, LinearKind};
 pub use mlp::Mlp;
 pub use model::{Block, LanguageModel};
 pub use reversible::{AttentionCoupling, MlpCoupling, reversible_blocks};

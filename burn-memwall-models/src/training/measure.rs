@@ -104,14 +104,14 @@ pub fn measure_steps(
     let mut model = config
         .init(&train_device)?
         .with_in_backward(optimizer.in_backward());
-    let largest = initialize_parameters(&model);
+    let sizes = initialize_parameters(&model);
+    // Gradients of the trained parameters: all at once after backward, or one at a time in it.
     let gradient_bytes = match optimizer {
-        StepOptimizer::AdamW => model.num_params(),
-        _ => largest,
-    } as u64
-        * size_of::<f32>() as u64;
+        StepOptimizer::AdamW => sizes.trained_bytes,
+        _ => sizes.largest_trained_bytes,
+    };
     let mut optimizer = optimizer.init();
-    let parameter_bytes = (model.num_params() * size_of::<f32>()) as u64;
+    let parameter_bytes = sizes.bytes;
 
     let (mut peak, mut saved_activations) = (0u64, 0u64);
     let (mut timed_seconds, mut loss) = (0.0f64, f32::NAN);
@@ -182,18 +182,41 @@ fn update(
         .expect("a model on an autodiff device")
 }
 
-/// Draws every parameter's initial value now, in the model's own order, and returns the
-/// elements of the largest. Burn initializes parameters lazily, at their first read: left to the
-/// first forward pass, the draw order (and so the weights) would depend on the stack, and the
-/// first step would count the weights as activations.
-fn initialize_parameters(model: &LanguageModel) -> usize {
-    struct Largest(usize);
-    impl ModuleVisitor for Largest {
+/// What a model's parameters hold, in bytes of their own types.
+struct ParameterSizes {
+    /// Every parameter and buffer: weights, and the codes and statistics of counter linears.
+    bytes: u64,
+    /// The float parameters that train (those the optimizer steps and that get a gradient).
+    trained_bytes: u64,
+    largest_trained_bytes: u64,
+}
+
+/// Draws every parameter's initial value now, in the model's own order, and returns their
+/// sizes. Burn initializes parameters lazily, at their first read: left to the first forward
+/// pass, the draw order (and so the weights) would depend on the stack, and the first step
+/// would count the weights as activations.
+fn initialize_parameters(model: &LanguageModel) -> ParameterSizes {
+    struct Sizes(ParameterSizes);
+    impl ModuleVisitor for Sizes {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.0 = self.0.max(param.val().shape().num_elements());
+            let value = param.val();
+            let bytes = (value.shape().num_elements() * value.dtype().size()) as u64;
+            self.0.bytes += bytes;
+            if value.is_require_grad() {
+                self.0.trained_bytes += bytes;
+                self.0.largest_trained_bytes = self.0.largest_trained_bytes.max(bytes);
+            }
+        }
+        fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<D, Int>>) {
+            let value = param.val();
+            self.0.bytes += (value.shape().num_elements() * value.dtype().size()) as u64;
         }
     }
-    let mut largest = Largest(0);
-    model.visit(&mut largest);
-    largest.0
+    let mut sizes = Sizes(ParameterSizes {
+        bytes: 0,
+        trained_bytes: 0,
+        largest_trained_bytes: 0,
+    });
+    model.visit(&mut sizes);
+    sizes.0
 }

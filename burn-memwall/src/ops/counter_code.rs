@@ -149,6 +149,11 @@ pub struct CounterHyper {
     pub seed: u32,
 }
 
+/// `1 − β^(step+1)`.
+pub fn bias_correction(beta: f32, step: u32) -> f32 {
+    1.0 - beta.powi(step.saturating_add(1).min(i32::MAX as u32) as i32)
+}
+
 /// The row scale's bounds.
 pub const SCALE_RANGE: (f32, f32) = (1e-5, 10.0);
 
@@ -164,10 +169,16 @@ pub struct RowStep {
     pub new_scale: f32,
 }
 
-/// Steps 1–2 of the update for one row: the new `v` and `s`, from the row's gradient `g`, its
-/// ternaries (through `ternary_of(i)`), and the old `v` and `s`.
+/// Steps 1–2 of the update for one row at `step` (counted from 0): the new `v` and `s`, from
+/// the row's gradient `g`, its ternaries (through `ternary_of(i)`), and the old `v` and `s`.
+///
+/// `D` divides `v` by `1 − β^(step+1)`, as Adam corrects its second moment: `v` starts at zero,
+/// and without the correction the first steps would be up to `1/√(1−β)` times too long (10× at
+/// β = 0.99). The rule reads `D = max(√v, ε)`; this is that rule once `β^step` has
+/// vanished.
 pub fn row_step(
     hyper: &CounterHyper,
+    step: u32,
     gradient: &[f32],
     ternary_of: impl Fn(usize) -> i32,
     mean_square: &mut f32,
@@ -184,7 +195,9 @@ pub fn row_step(
     *scale = (old_scale - hyper.scale_learning_rate * aligned / n_in.sqrt())
         .clamp(SCALE_RANGE.0, SCALE_RANGE.1);
     RowStep {
-        rms: mean_square.sqrt().max(hyper.epsilon),
+        rms: (*mean_square / bias_correction(hyper.beta, step))
+            .sqrt()
+            .max(hyper.epsilon),
         scale: old_scale,
         new_scale: *scale,
     }
@@ -237,6 +250,7 @@ pub fn update_row(
     let n_in = gradient.len();
     let stats = row_step(
         hyper,
+        step,
         gradient,
         |i| code.ternary(code_at(words, i)),
         mean_square,
