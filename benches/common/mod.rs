@@ -1,4 +1,5 @@
 //! What every benchmark shares: one child process per measurement, and the timed loop.
+#![allow(dead_code)] // each benchmark uses a different part of this module
 
 use std::process::Command;
 use std::time::Instant;
