@@ -11,7 +11,7 @@ use burn::prelude::*;
 use burn_memwall::nn::{CounterLinear, CounterLinearConfig};
 use burn_memwall::ops::counter_code::{CounterHyper, code_at, update_row, words_per_row};
 use burn_memwall::ops::counter_linear::HostWeights;
-use burn_memwall::ops::packed_matmul::{BLOCK_WEIGHTS, PackedRows};
+use burn_memwall::ops::packed_matmul::BLOCK_WEIGHTS;
 use common::{assert_close, devices};
 
 /// Inputs computed on the host (the device RNG is shared by parallel tests).
@@ -26,7 +26,7 @@ fn host_tensor<const D: usize>(dims: [usize; D], salt: f32, device: &Device) -> 
 /// `s_r · t_rj` in f64, decoded bit by bit from the packed rows.
 fn dense(host: &HostWeights) -> Vec<Vec<f64>> {
     let width = words_per_row(host.d_input);
-    (0..host.d_output())
+    (0..host.scale.len())
         .map(|r| {
             let words = &host.words[r * width..(r + 1) * width];
             (0..host.d_input)

@@ -23,9 +23,9 @@ use burn::tensor::{DType, FloatDType, IntDType};
 use super::Routed;
 use crate::ops::counter_code::{CounterCode, CounterCodeError, CounterHyper, SCALE_RANGE};
 use crate::ops::counter_code::{set_code, words_per_row};
-use crate::ops::counter_linear::HostWeights;
+use crate::ops::counter_linear::{CounterTensors, HostWeights};
 use crate::ops::handwritten_backward::{BackwardContext, HandwrittenBackward, attach_backward};
-use crate::ops::packed_matmul::PackedRows;
+use crate::ops::packed_matmul::RowDecoder;
 use crate::optim::InBackward;
 
 /// Configuration of a [`CounterLinear`].
@@ -140,15 +140,9 @@ impl CounterLinear {
 
     /// The inference weights, `s·t` as a `burn::nn::Linear` (`[d_input, d_output]`).
     pub fn to_linear(&self) -> Linear {
-        let host = self.weights.host();
-        let device = self.weights.device();
-        let dense = Tensor::<2>::from_data(
-            TensorData::new(
-                host.dense_rows(0..host.d_output()),
-                [host.d_output(), host.d_input],
-            ),
-            (&device, DType::F32),
-        );
+        let state = self.weights.lock();
+        let weights = &state.tensors;
+        let dense = weights.decode_rows(0..weights.d_output(), &weights.codes.device());
         Linear {
             weight: Param::from_tensor(dense.transpose()),
             bias: self.bias.clone(),
@@ -170,9 +164,7 @@ pub struct CounterWeights {
 
 #[derive(Debug)]
 struct CounterState {
-    codes: Tensor<2, Int>,
-    scale: Tensor<1>,
-    mean_square: Tensor<1>,
+    tensors: CounterTensors,
     step: u64,
     ids: [ParamId; 4],
 }
@@ -180,9 +172,7 @@ struct CounterState {
 impl CounterWeights {
     fn new(host: HostWeights, hyper: CounterHyper, device: &Device) -> Self {
         let state = CounterState {
-            codes: Tensor::empty([0, 0], (device, DType::U32)),
-            scale: Tensor::empty([0], device),
-            mean_square: Tensor::empty([0], device),
+            tensors: CounterTensors::from_host(host, device),
             step: 0,
             ids: [
                 ParamId::new(),
@@ -191,14 +181,12 @@ impl CounterWeights {
                 ParamId::new(),
             ],
         };
-        let weights = Self {
+        Self {
+            code: state.tensors.code,
+            d_input: state.tensors.d_input,
             state: Arc::new(Mutex::new(state)),
-            code: host.code,
-            d_input: host.d_input,
             hyper,
-        };
-        weights.lock().store(host);
-        weights
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, CounterState> {
@@ -208,12 +196,12 @@ impl CounterWeights {
     }
 
     fn device(&self) -> Device {
-        self.lock().codes.device()
+        self.lock().tensors.codes.device()
     }
 
     /// The weights read back on the host.
     pub fn host(&self) -> HostWeights {
-        self.lock().host(self.code, self.d_input)
+        self.lock().tensors.host()
     }
 
     /// Updates taken so far.
@@ -238,10 +226,10 @@ impl CounterWeights {
         let rows = dims[..D - 1].iter().product();
         let dtype = x.dtype();
         let x = x.reshape([rows, self.d_input]);
-        let host = self.host();
+        let weights = self.lock().tensors.clone();
         let mut out_dims = dims;
-        out_dims[D - 1] = host.d_output();
-        let output = |x: Tensor<2>| host.matmul(x.cast(FloatDType::F32)).cast(dtype);
+        out_dims[D - 1] = weights.d_output();
+        let output = |x: Tensor<2>| weights.matmul(x.cast(FloatDType::F32)).cast(dtype);
         if !x.is_autodiff() {
             return output(x).reshape(out_dims);
         }
@@ -257,38 +245,6 @@ impl CounterWeights {
         };
         let context = BackwardContext::new(Box::new(backward), Vec::new());
         attach_backward(x, Tensor::from_inner(y), context).reshape(out_dims)
-    }
-}
-
-impl CounterState {
-    fn host(&self, code: CounterCode, d_input: usize) -> HostWeights {
-        let read = |t: Tensor<1>| t.into_data().try_into_vec_as::<f32>();
-        HostWeights {
-            code,
-            d_input,
-            words: self
-                .codes
-                .clone()
-                .into_data()
-                .try_into_vec::<u32>()
-                .expect("u32 codes"),
-            scale: read(self.scale.clone()).expect("f32 scales"),
-            mean_square: read(self.mean_square.clone()).expect("f32 statistics"),
-        }
-    }
-
-    fn store(&mut self, host: HostWeights) {
-        let device = self.codes.device();
-        let (rows, width) = (host.d_output(), words_per_row(host.d_input));
-        self.codes = Tensor::from_data(
-            TensorData::new(host.words, [rows, width]),
-            (&device, DType::U32),
-        );
-        let vector = |values: Vec<f32>| {
-            Tensor::from_data(TensorData::new(values, [rows]), (&device, DType::F32))
-        };
-        self.scale = vector(host.scale);
-        self.mean_square = vector(host.mean_square);
     }
 }
 
@@ -316,9 +272,8 @@ impl HandwrittenBackward for CounterBackward {
         let dtype = input.dtype();
         let dy = Tensor::<2>::from_dispatch(output_gradient).cast(FloatDType::F32);
         let mut state = weights.lock();
-        let mut host = state.host(weights.code, weights.d_input);
         // The input's gradient reads the weights before this step's update.
-        let dx = host.matmul_transposed(dy.clone()).cast(dtype);
+        let dx = state.tensors.matmul_transposed(dy.clone()).cast(dtype);
         let learning_rate = in_backward
             .as_ref()
             .and_then(|in_backward| in_backward.learning_rate(state.ids[0]));
@@ -326,9 +281,11 @@ impl HandwrittenBackward for CounterBackward {
             learning_rate: learning_rate.map_or(weights.hyper.learning_rate, |lr| lr as f32),
             ..weights.hyper
         };
-        host.update(&hyper, state.step as u32, &input.cast(FloatDType::F32), &dy);
+        let step = state.step as u32;
+        state
+            .tensors
+            .update(&hyper, step, &input.cast(FloatDType::F32), &dy);
         state.step += 1;
-        state.store(host);
         dx.into_dispatch()
     }
 }
@@ -339,11 +296,14 @@ const CONTAINER: &str = "CounterWeights";
 impl Module for CounterWeights {
     fn visit<V: ModuleVisitor>(&self, visitor: &mut V) {
         let state = self.lock();
-        let step = step_tensor(state.step, &state.codes.device());
+        let step = step_tensor(state.step, &state.tensors.codes.device());
         visitor.enter_module(NAMES[0], CONTAINER);
-        visitor.visit_int(&Param::initialized(state.ids[0], state.codes.clone()));
+        visitor.visit_int(&Param::initialized(
+            state.ids[0],
+            state.tensors.codes.clone(),
+        ));
         visitor.exit_module(NAMES[0], CONTAINER);
-        for (k, tensor) in [(1, &state.scale), (2, &state.mean_square)] {
+        for (k, tensor) in [(1, &state.tensors.scale), (2, &state.tensors.mean_square)] {
             visitor.enter_module(NAMES[k], CONTAINER);
             visitor.visit_float(&Param::initialized(state.ids[k], tensor.clone()));
             visitor.exit_module(NAMES[k], CONTAINER);
@@ -358,11 +318,14 @@ impl Module for CounterWeights {
             let mut state = self.lock();
             let ids = state.ids;
             mapper.enter_module(NAMES[0], CONTAINER);
-            let codes = mapper.map_int(Param::initialized(ids[0], state.codes.clone()));
+            let codes = mapper.map_int(Param::initialized(ids[0], state.tensors.codes.clone()));
             mapper.exit_module(NAMES[0], CONTAINER);
             // A record may hold the code in another integer type; the bits are what count.
-            state.codes = codes.val().cast(IntDType::U32);
-            let mut floats = [state.scale.clone(), state.mean_square.clone()];
+            state.tensors.codes = codes.val().cast(IntDType::U32);
+            let mut floats = [
+                state.tensors.scale.clone(),
+                state.tensors.mean_square.clone(),
+            ];
             for (k, tensor) in floats.iter_mut().enumerate() {
                 mapper.enter_module(NAMES[k + 1], CONTAINER);
                 let mapped = mapper.map_float(Param::initialized(ids[k + 1], tensor.clone()));
@@ -370,12 +333,13 @@ impl Module for CounterWeights {
                 // Buffers, not optimizer targets: never tracked.
                 *tensor = mapped.val().set_require_grad(false);
             }
-            [state.scale, state.mean_square] = floats;
+            [state.tensors.scale, state.tensors.mean_square] = floats;
             mapper.enter_module(NAMES[3], CONTAINER);
-            let step = step_tensor(state.step, &state.codes.device());
+            let step = step_tensor(state.step, &state.tensors.codes.device());
             let step = mapper.map_int(Param::initialized(ids[3], step));
             mapper.exit_module(NAMES[3], CONTAINER);
             state.step = step.val().into_scalar::<i64>() as u64;
+            state.tensors = state.tensors.clone().without_autodiff();
         }
         self
     }
@@ -395,9 +359,10 @@ impl Module for CounterWeights {
     fn to_device(self, device: &Device) -> Self {
         {
             let mut state = self.lock();
-            state.codes = state.codes.clone().to_device(device);
-            state.scale = state.scale.clone().to_device(device);
-            state.mean_square = state.mean_square.clone().to_device(device);
+            state.tensors.codes = state.tensors.codes.clone().to_device(device);
+            state.tensors.scale = state.tensors.scale.clone().to_device(device);
+            state.tensors.mean_square = state.tensors.mean_square.clone().to_device(device);
+            state.tensors = state.tensors.clone().without_autodiff();
         }
         self
     }
@@ -410,9 +375,7 @@ impl Module for CounterWeights {
     fn valid(&self) -> Self {
         let state = self.lock();
         let snapshot = CounterState {
-            codes: state.codes.clone(),
-            scale: state.scale.clone(),
-            mean_square: state.mean_square.clone(),
+            tensors: state.tensors.clone(),
             step: state.step,
             ids: state.ids,
         };

@@ -122,8 +122,13 @@ pub fn set_code(words: &mut [u32], i: usize, code: u32) {
 /// A uniform number in `[0, 1)` from a counter-based hash of `(seed, step, element)`: the same
 /// key gives the same number on every device and every data-parallel replica, with no state.
 pub fn uniform(seed: u32, step: u32, element: u32) -> f32 {
-    let hash = pcg_hash(element ^ pcg_hash(step ^ pcg_hash(seed)));
+    let hash = pcg_hash(element ^ rounding_key(seed, step));
     (hash >> 8) as f32 * (1.0 / (1u32 << 24) as f32)
+}
+
+/// The part of [`uniform`]'s hash that one update shares across its elements.
+pub fn rounding_key(seed: u32, step: u32) -> u32 {
+    pcg_hash(step ^ pcg_hash(seed))
 }
 
 /// The PCG-RXS-M-XS output permutation of one LCG step (Jarzynski & Olano, "Hash Functions for

@@ -7,7 +7,9 @@ use std::ops::Range;
 
 use burn::prelude::*;
 
-use super::packed_matmul::PackedRows;
+use burn::tensor::DType;
+
+use super::packed_matmul::RowDecoder;
 
 /// Weights per `u32` word.
 pub const TERNARIES_PER_WORD: usize = 16;
@@ -84,7 +86,7 @@ impl PackedTernary {
     }
 }
 
-impl PackedRows for PackedTernary {
+impl RowDecoder for PackedTernary {
     fn d_input(&self) -> usize {
         self.d_input
     }
@@ -93,10 +95,17 @@ impl PackedRows for PackedTernary {
         self.d_output
     }
 
-    fn dense_rows(&self, rows: Range<usize>) -> Vec<f32> {
-        rows.flat_map(|row| {
-            (0..self.d_input).map(move |i| self.scale * self.ternary(row, i) as f32)
-        })
-        .collect()
+    /// Decoded on the host (a kernel that decodes inside the matmul is not written yet).
+    fn decode_rows(&self, rows: Range<usize>, device: &Device) -> Tensor<2> {
+        let len = rows.len();
+        let dense: Vec<f32> = rows
+            .flat_map(|row| {
+                (0..self.d_input).map(move |i| self.scale * self.ternary(row, i) as f32)
+            })
+            .collect();
+        Tensor::from_data(
+            TensorData::new(dense, [len, self.d_input]),
+            (device, DType::F32),
+        )
     }
 }

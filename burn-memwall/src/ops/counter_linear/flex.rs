@@ -1,0 +1,85 @@
+//! The Flex path: rayon passes over the code's own storage, row by row, with the reference
+//! functions of [`crate::ops::counter_code`]. The update writes in place when the tensors are
+//! not shared (a copy first otherwise).
+
+use burn::backend::Flex;
+use burn::backend::flex::FlexTensor;
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::tensor::{DType, TensorData};
+use rayon::prelude::*;
+
+use super::{CounterStep, RowBlock};
+use crate::ops::counter_code::{CounterCode, code_at, update_row, words_per_row};
+use crate::ops::flex::contiguous_f32;
+
+fn code_of(block: &RowBlock) -> CounterCode {
+    CounterCode::new(block.limit).expect("a counter linear's limit is valid")
+}
+
+fn contiguous_u32(t: IntTensor<Flex>) -> FlexTensor {
+    assert_eq!(t.dtype(), DType::U32, "a counter code is u32 words");
+    if t.is_contiguous() {
+        t
+    } else {
+        t.to_contiguous()
+    }
+}
+
+pub(super) fn counter_decode(
+    codes: IntTensor<Flex>,
+    scale: FloatTensor<Flex>,
+    block: RowBlock,
+) -> FloatTensor<Flex> {
+    let code = code_of(&block);
+    let (codes, scale) = (contiguous_u32(codes), contiguous_f32(scale));
+    let (words, scale) = (codes.storage::<u32>(), scale.storage::<f32>());
+    let (d_input, width) = (block.d_input, words_per_row(block.d_input));
+    let mut dense = vec![0f32; block.len * d_input];
+    dense
+        .par_chunks_mut(d_input)
+        .enumerate()
+        .for_each(|(r, out)| {
+            let row = block.start + r;
+            let row_words = &words[row * width..(row + 1) * width];
+            for (i, w) in out.iter_mut().enumerate() {
+                *w = scale[row] * code.ternary(code_at(row_words, i)) as f32;
+            }
+        });
+    FlexTensor::from_data(TensorData::new(dense, [block.len, d_input]))
+}
+
+pub(super) fn counter_update(
+    codes: IntTensor<Flex>,
+    scale: FloatTensor<Flex>,
+    mean_square: FloatTensor<Flex>,
+    gradient: FloatTensor<Flex>,
+    block: RowBlock,
+    step: CounterStep,
+) -> (IntTensor<Flex>, FloatTensor<Flex>, FloatTensor<Flex>) {
+    let code = code_of(&block);
+    let mut codes = contiguous_u32(codes);
+    let mut scale = contiguous_f32(scale);
+    let mut mean_square = contiguous_f32(mean_square);
+    let gradient = contiguous_f32(gradient);
+    let (d_input, width) = (block.d_input, words_per_row(block.d_input));
+    let rows = block.start..block.start + block.len;
+    codes.storage_mut::<u32>()[rows.start * width..rows.end * width]
+        .par_chunks_mut(width)
+        .zip(gradient.storage::<f32>().par_chunks(d_input))
+        .zip(scale.storage_mut::<f32>()[rows.clone()].par_iter_mut())
+        .zip(mean_square.storage_mut::<f32>()[rows.clone()].par_iter_mut())
+        .zip(rows.into_par_iter())
+        .for_each(|((((words, gradient), scale), mean_square), row)| {
+            update_row(
+                code,
+                &step.hyper,
+                step.step,
+                row,
+                words,
+                gradient,
+                mean_square,
+                scale,
+            );
+        });
+    (codes, scale, mean_square)
+}

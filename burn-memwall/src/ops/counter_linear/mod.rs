@@ -1,0 +1,235 @@
+//! The device ops of [`crate::nn::CounterLinear`]: a block of rows of the packed code decoded to
+//! dense `s·t` (for the products, through [`RowDecoder`]), and the update of a block of rows
+//! from its weight gradient, in place. The weight gradient is formed a block of rows at a time
+//! (`dyᵀ·x` for those rows) and each block is consumed by the update as soon as it is formed.
+//!
+//! - Flex: rayon passes over the code's own storage ([`crate::ops::counter_code`]'s functions);
+//! - Cube: `burn-memwall-kernels/src/counter.rs`, which mirrors them operation for operation.
+//!
+//! The products decode a block (at most 1 MiB of f32) and then call the backend's matmul; a
+//! kernel that decodes inside the GEMM is not written yet.
+
+#[cfg(feature = "cube")]
+mod cube;
+mod flex;
+
+use std::ops::Range;
+
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{Backend, Dispatch, Flex, backend_extension};
+use burn::prelude::*;
+
+use super::counter_code::{CounterCode, CounterHyper, code_at, words_per_row};
+use super::packed_matmul::RowDecoder;
+
+/// Rows `start .. start + len` of a `[d_output, d_input]` code of limit `limit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowBlock {
+    pub start: usize,
+    pub len: usize,
+    pub d_input: usize,
+    pub limit: i32,
+}
+
+/// The scalars of one update.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CounterStep {
+    pub hyper: CounterHyper,
+    /// Counted from 0; keys the stochastic rounding and the statistic's bias correction.
+    pub step: u32,
+}
+
+#[backend_extension(Flex, Cube: cfg(feature = "cube"), Fusion: cfg(feature = "cube"))]
+pub trait CounterLinearBackend: Backend {
+    /// `[block.len, d_input]` f32: `scale[r] · t(r, j)` for the rows of `block`. `codes` is
+    /// `[d_output, words_per_row(d_input)]` `u32`, `scale` `[d_output]` f32.
+    #[fusion(meta = cube::decode_spec)]
+    fn counter_decode(
+        codes: IntTensor<Self>,
+        scale: FloatTensor<Self>,
+        block: RowBlock,
+    ) -> FloatTensor<Self>;
+
+    /// `(codes, scale, mean_square)` after one update of the rows of `block` from their weight
+    /// gradient `[block.len, d_input]` (f32), each written in place when not shared.
+    #[fusion(meta = cube::update_spec)]
+    fn counter_update(
+        codes: IntTensor<Self>,
+        scale: FloatTensor<Self>,
+        mean_square: FloatTensor<Self>,
+        gradient: FloatTensor<Self>,
+        block: RowBlock,
+        step: CounterStep,
+    ) -> (IntTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
+
+impl CounterLinearBackend for Flex {
+    fn counter_decode(
+        codes: IntTensor<Self>,
+        scale: FloatTensor<Self>,
+        block: RowBlock,
+    ) -> FloatTensor<Self> {
+        flex::counter_decode(codes, scale, block)
+    }
+
+    fn counter_update(
+        codes: IntTensor<Self>,
+        scale: FloatTensor<Self>,
+        mean_square: FloatTensor<Self>,
+        gradient: FloatTensor<Self>,
+        block: RowBlock,
+        step: CounterStep,
+    ) -> (IntTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        flex::counter_update(codes, scale, mean_square, gradient, block, step)
+    }
+}
+
+/// A counter linear's state on its device: the packed code `[d_output, words]` (`u32`), and per
+/// row the scale and the mean squared gradient (f32).
+#[derive(Clone, Debug)]
+pub struct CounterTensors {
+    pub code: CounterCode,
+    pub d_input: usize,
+    pub codes: Tensor<2, Int>,
+    pub scale: Tensor<1>,
+    pub mean_square: Tensor<1>,
+}
+
+impl CounterTensors {
+    fn block(&self, rows: Range<usize>) -> RowBlock {
+        RowBlock {
+            start: rows.start,
+            len: rows.len(),
+            d_input: self.d_input,
+            limit: self.code.limit(),
+        }
+    }
+
+    /// One update from the weight gradient `dyᵀ · x` (`dy` `[m, d_output]`, `x`
+    /// `[m, d_input]`, f32), formed and consumed a block of rows at a time.
+    pub fn update(&mut self, hyper: &CounterHyper, step: u32, x: &Tensor<2>, dy: &Tensor<2>) {
+        let step = CounterStep {
+            hyper: *hyper,
+            step,
+        };
+        for rows in self.blocks() {
+            let (start, len) = (rows.start, rows.len());
+            let gradient = dy
+                .clone()
+                .narrow(1, start, len)
+                .transpose()
+                .matmul(x.clone());
+            let block = self.block(rows);
+            // Taken out so that the update finds the only handle and writes in place.
+            let codes = std::mem::replace(&mut self.codes, Tensor::empty([0, 0], &x.device()));
+            let scale = std::mem::replace(&mut self.scale, Tensor::empty([0], &x.device()));
+            let mean_square =
+                std::mem::replace(&mut self.mean_square, Tensor::empty([0], &x.device()));
+            let (codes, scale, mean_square) = Dispatch::counter_update(
+                codes.into_dispatch(),
+                scale.into_dispatch(),
+                mean_square.into_dispatch(),
+                gradient.into_dispatch(),
+                block,
+                step,
+            );
+            self.codes = Tensor::from_dispatch(codes);
+            self.scale = Tensor::from_dispatch(scale);
+            self.mean_square = Tensor::from_dispatch(mean_square);
+        }
+    }
+
+    /// The state read back on the host.
+    pub fn host(&self) -> HostWeights {
+        let floats = |t: &Tensor<1>| t.clone().into_data().try_into_vec_as::<f32>();
+        HostWeights {
+            code: self.code,
+            d_input: self.d_input,
+            words: self
+                .codes
+                .clone()
+                .into_data()
+                .try_into_vec::<u32>()
+                .expect("u32 codes"),
+            scale: floats(&self.scale).expect("f32 scales"),
+            mean_square: floats(&self.mean_square).expect("f32 statistics"),
+        }
+    }
+
+    /// `host` on `device`, outside autodiff (the state is never differentiated).
+    pub fn from_host(host: HostWeights, device: &Device) -> Self {
+        let device = &device.clone().inner();
+        let rows = host.scale.len();
+        let vector = |values: Vec<f32>| {
+            Tensor::from_data(
+                TensorData::new(values, [rows]),
+                (device, burn::tensor::DType::F32),
+            )
+        };
+        Self {
+            code: host.code,
+            d_input: host.d_input,
+            codes: Tensor::from_data(
+                TensorData::new(host.words, [rows, words_per_row(host.d_input)]),
+                (device, burn::tensor::DType::U32),
+            ),
+            scale: vector(host.scale),
+            mean_square: vector(host.mean_square),
+        }
+    }
+
+    /// The same tensors outside autodiff, where a mapper or a device move may have put them.
+    pub fn without_autodiff(self) -> Self {
+        Self {
+            codes: self.codes.inner(),
+            scale: self.scale.inner(),
+            mean_square: self.mean_square.inner(),
+            ..self
+        }
+    }
+}
+
+impl RowDecoder for CounterTensors {
+    fn d_input(&self) -> usize {
+        self.d_input
+    }
+
+    fn d_output(&self) -> usize {
+        self.scale.dims()[0]
+    }
+
+    fn decode_rows(&self, rows: Range<usize>, _device: &Device) -> Tensor<2> {
+        Tensor::from_dispatch(Dispatch::counter_decode(
+            self.codes.clone().into_dispatch(),
+            self.scale.clone().into_dispatch(),
+            self.block(rows),
+        ))
+    }
+}
+
+/// A counter linear's weights on the host: `[d_output, d_input]` codes packed per row, and one
+/// scale and mean squared gradient per row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostWeights {
+    pub code: CounterCode,
+    pub d_input: usize,
+    /// `[d_output, words_per_row(d_input)]`, row-major.
+    pub words: Vec<u32>,
+    /// `[d_output]`.
+    pub scale: Vec<f32>,
+    /// `[d_output]`.
+    pub mean_square: Vec<f32>,
+}
+
+impl HostWeights {
+    /// The packed code of `row`.
+    pub fn row_words(&self, row: usize) -> &[u32] {
+        let width = words_per_row(self.d_input);
+        &self.words[row * width..(row + 1) * width]
+    }
+
+    /// `(t, c)` of weight `(row, i)`.
+    pub fn state(&self, row: usize, i: usize) -> (i32, i32) {
+        self.code.decode(code_at(self.row_words(row), i))
+    }
+}
