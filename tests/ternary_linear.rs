@@ -192,3 +192,19 @@ fn learns_a_linear_map_with_adamw() {
     eprintln!("loss {first:.4} → {last:.4}");
     assert!(last < first / 4.0, "{first} → {last}");
 }
+
+#[test]
+fn gradients_go_only_where_they_are_wanted() {
+    let device = Device::flex().autodiff();
+    let layer = layer(12, 5, false, &device);
+    // An input that needs no gradient: the weight still gets one.
+    let x = host_tensor([3, 12], 0.2, &device);
+    let grads = layer.forward(x).sum().backward();
+    assert!(layer.weight.val().grad(&grads).is_some());
+    // A frozen weight: only the input gets one.
+    let frozen = layer.no_grad();
+    let x = host_tensor([3, 12], 0.2, &device).require_grad();
+    let grads = frozen.forward(x.clone()).sum().backward();
+    assert!(x.grad(&grads).is_some());
+    assert!(frozen.weight.val().grad(&grads).is_none());
+}

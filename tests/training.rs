@@ -161,8 +161,9 @@ fn in_backward_training_matches_adamw_and_resumes_exactly() {
     assert_eq!(losses(&resumed), losses(&uninterrupted)[2..]);
 }
 
-/// Ternary and counter linears train through the Learner (the counter's own update inside
-/// backward, at the step's learning rate), the loss falls, a resumed run continues exactly (the
+/// Ternary and counter linears train through the Learner with `InBackward` (the counter's own
+/// update inside backward, at the step's learning rate; the ternary latent weights exactly as
+/// the standard step trains them), the loss falls, a resumed run continues exactly (the
 /// counters, scales, statistics and step are in the checkpoint), and the exported weights load
 /// back bit-exactly.
 #[test]
@@ -173,7 +174,7 @@ fn quantized_linears_train_resume_and_export_exactly() {
         let config = |epochs| {
             let mut config = run_config(epochs);
             config.model.linear = linear;
-            config.training.in_backward = linear == LinearKind::Counter;
+            config.training.in_backward = true;
             config
         };
         let uninterrupted_dir = common::temp_dir();
@@ -193,9 +194,29 @@ fn quantized_linears_train_resume_and_export_exactly() {
         );
         let dir = common::temp_dir();
         let artifacts = Artifacts::new(dir.path());
-        run(&config(2), &device, &artifacts, false).unwrap();
+        let first = run(&config(2), &device, &artifacts, false).unwrap();
         let resumed = run(&config(3), &device, &artifacts, true).unwrap();
         assert_eq!(losses(&resumed), losses(&full)[2..], "{linear:?}");
+        if linear == LinearKind::Ternary {
+            // Routed through InBackward, the latent weights get the standard step's updates.
+            let mut standard = config(2);
+            standard.training.in_backward = false;
+            let standard_dir = common::temp_dir();
+            let standard = run(
+                &standard,
+                &device,
+                &Artifacts::new(standard_dir.path()),
+                false,
+            )
+            .unwrap();
+            for (got, want) in losses(&first).into_iter().zip(losses(&standard)) {
+                assert!(
+                    (got.0 - want.0).abs() <= 1e-5 * want.0
+                        && (got.1 - want.1).abs() <= 1e-5 * want.1,
+                    "in backward {got:?} vs standard {want:?}"
+                );
+            }
+        }
 
         let exported = uninterrupted_dir.path().join("model.safetensors");
         let loaded = load_safetensors(config(3).model.init(&device).unwrap(), &exported).unwrap();

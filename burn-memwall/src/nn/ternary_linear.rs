@@ -4,12 +4,15 @@
 //! so any optimizer (and [`crate::optim::InBackward`]) trains the latent weight. For inference,
 //! [`TernaryLinear::pack`] stores the ternaries in 2 bits each.
 
-use burn::module::Param;
+use burn::backend::DispatchTensor;
+use burn::module::{Param, ParamId};
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::DType;
-use burn::tensor::module::linear;
 
+use crate::ops::handwritten_backward::{
+    BackwardContext, HandwrittenBackward, attach_backward_after,
+};
 use crate::ops::ternary_code::PackedTernary;
 
 /// Configuration of a [`TernaryLinear`].
@@ -82,26 +85,94 @@ impl TernaryLinear {
 
 /// `x · Q(w) + b` with `Q(w) = round(clip(w/γ, −1, 1))·γ`, the input quantised too when
 /// `quantize_activations`; the gradient passes through each quantiser unchanged.
+///
+/// Under autodiff this is one node with a handwritten backward that keeps only the (quantised)
+/// input, as Burn's linear keeps its input: `Q(w)` is recomputed from the latent weight in the
+/// backward pass instead of being held from the forward.
 pub fn ternary_linear<const D: usize>(
     x: Tensor<D>,
     weight: Tensor<2>,
     bias: Option<Tensor<1>>,
     quantize_activations: bool,
 ) -> Tensor<D> {
-    let scale = absmean(&weight);
-    let dequantized =
-        quantized(weight.clone(), scale.clone()) * scale.cast(weight.dtype()).unsqueeze();
-    let weight = straight_through(weight, dequantized);
-    let x = if quantize_activations {
-        let step = x.clone().detach().abs().max_dim(D - 1).clamp_min(1e-5) / 127.0;
-        let levels = (x.clone().detach() / step.clone())
-            .round()
-            .clamp(-128.0, 127.0);
-        straight_through(x, levels * step)
-    } else {
-        x
+    let dims = x.dims();
+    let [d_input, d_output] = weight.dims();
+    let rows = dims[..D - 1].iter().product();
+    let x = x.reshape([rows, d_input]);
+    let input = |x: Tensor<2>| {
+        if quantize_activations {
+            quantized_input(x)
+        } else {
+            x
+        }
     };
-    linear(x, weight, bias)
+    let y = if x.is_autodiff() && (x.is_tracked() || weight.is_tracked()) {
+        let saved = input(x.clone().inner());
+        let latent = weight.clone().inner();
+        let y = saved.clone().matmul(dequantized(latent.clone()));
+        let key = ParamId::new();
+        let backward = StraightThrough {
+            input: saved,
+            latent,
+            key,
+        };
+        // A frozen weight gets no gradient.
+        let params = if weight.is_tracked() {
+            vec![(key, weight.clone().into_dispatch())]
+        } else {
+            Vec::new()
+        };
+        let context = BackwardContext::new(Box::new(backward), params);
+        attach_backward_after(x, weight, Tensor::from_inner(y), context)
+    } else {
+        input(x).matmul(dequantized(weight))
+    };
+    let mut out = dims;
+    out[D - 1] = d_output;
+    let y = y.reshape(out);
+    match bias {
+        Some(bias) => y + bias.unsqueeze(),
+        None => y,
+    }
+}
+
+/// The backward of [`ternary_linear`]: `dx = dy · Q(w)ᵀ`, `dw = x̂ᵀ · dy` (`x̂` the quantised
+/// input), straight through both quantisers.
+#[derive(Debug)]
+struct StraightThrough {
+    /// `[rows, d_input]`, outside the graph.
+    input: Tensor<2>,
+    /// `[d_input, d_output]`, outside the graph.
+    latent: Tensor<2>,
+    /// The key under which the weight's gradient is handed over.
+    key: ParamId,
+}
+
+impl HandwrittenBackward for StraightThrough {
+    fn backward(
+        self: Box<Self>,
+        output_gradient: DispatchTensor,
+        param_gradient: &mut dyn FnMut(ParamId, DispatchTensor),
+    ) -> DispatchTensor {
+        let StraightThrough { input, latent, key } = *self;
+        let dy = Tensor::<2>::from_dispatch(output_gradient);
+        let dx = dy.clone().matmul(dequantized(latent).transpose());
+        param_gradient(key, input.transpose().matmul(dy).into_dispatch());
+        dx.into_dispatch()
+    }
+}
+
+/// `Q(w) = round(clip(w/γ, −1, 1))·γ`.
+fn dequantized(weight: Tensor<2>) -> Tensor<2> {
+    let scale = absmean(&weight);
+    let dtype = weight.dtype();
+    quantized(weight, scale.clone()) * scale.cast(dtype).unsqueeze()
+}
+
+/// Each row to 255 levels of its absolute maximum (int8 absmax per token).
+fn quantized_input(x: Tensor<2>) -> Tensor<2> {
+    let step = x.clone().abs().max_dim(1).clamp_min(1e-5) / 127.0;
+    (x / step.clone()).round().clamp(-128.0, 127.0) * step
 }
 
 /// γ: the mean absolute weight, `[1]`, floored so that an all-zero weight quantises to zero.
@@ -121,10 +192,4 @@ fn quantized(weight: Tensor<2>, scale: Tensor<1>) -> Tensor<2> {
     (weight.detach() / scale.cast(dtype).unsqueeze())
         .round()
         .clamp(-1.0, 1.0)
-}
-
-/// `quantized`'s value with `latent`'s gradient.
-fn straight_through<const D: usize>(latent: Tensor<D>, quantized: Tensor<D>) -> Tensor<D> {
-    let dtype = latent.dtype();
-    latent.clone() + (quantized.cast(dtype) - latent).detach()
 }

@@ -5,27 +5,28 @@ use std::collections::HashMap;
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, NodeGuard, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, BackendTensor, DispatchKindConversion, DispatchTensor};
 use burn::module::ParamId;
 
 use super::{BackwardContext, HandwrittenBackwardBackend};
 
+/// The node; `N` parents, the input first.
 #[derive(Debug)]
-struct AttachedBackward;
+struct AttachedBackward<const N: usize>;
 
 /// The handwritten backward, and the graph node of each parameter's gradient.
 type Saved = (BackwardContext, HashMap<ParamId, NodeId>);
 
-impl<B: Backend> Backward<B, 1> for AttachedBackward
+impl<B: Backend, const N: usize> Backward<B, N> for AttachedBackward<N>
 where
     DispatchTensor: DispatchKindConversion<B>,
 {
     type State = Saved;
 
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node_input] = ops.parents;
+    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let node_input = ops.parents[0].clone();
         let output_gradient = grads.consume::<B>(&ops.node);
         let (context, nodes) = ops.state;
         let input_gradient = context.take_backward().backward(
@@ -70,25 +71,45 @@ where
         output: FloatTensor<Self>,
         backward: BackwardContext,
     ) -> FloatTensor<Self> {
-        match AttachedBackward
-            .prepare::<C>([input.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let nodes = backward
-                    .params
-                    .iter()
-                    .map(|(id, param)| (*id, node_of::<B, C>(param.clone())))
-                    .collect();
-                let context = BackwardContext {
-                    params: Vec::new(),
-                    ..backward
-                };
-                prep.finish((context, nodes), output.into_primitive())
-            }
-            OpsKind::UnTracked(prep) => prep.finish(output.into_primitive()),
+        attach::<B, C, 1>([input.node()], output, backward)
+    }
+
+    fn attach_backward_after(
+        input: FloatTensor<Self>,
+        parent: FloatTensor<Self>,
+        output: FloatTensor<Self>,
+        backward: BackwardContext,
+    ) -> FloatTensor<Self> {
+        attach::<B, C, 2>([input.node(), parent.node()], output, backward)
+    }
+}
+
+fn attach<B: HandwrittenBackwardBackend, C: CheckpointStrategy, const N: usize>(
+    parents: [NodeGuard; N],
+    output: FloatTensor<Autodiff<B, C>>,
+    backward: BackwardContext,
+) -> FloatTensor<Autodiff<B, C>>
+where
+    DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B, C>>,
+{
+    match AttachedBackward::<N>
+        .prepare::<C>(parents)
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let nodes = backward
+                .params
+                .iter()
+                .map(|(id, param)| (*id, node_of::<B, C>(param.clone())))
+                .collect();
+            let context = BackwardContext {
+                params: Vec::new(),
+                ..backward
+            };
+            prep.finish((context, nodes), output.into_primitive())
         }
+        OpsKind::UnTracked(prep) => prep.finish(output.into_primitive()),
     }
 }
 

@@ -73,6 +73,21 @@ pub trait HandwrittenBackwardBackend: Backend {
         let _ = (input, backward);
         output
     }
+
+    /// [`Self::attach_backward`] with `parent` as a second parent of the node, so that the
+    /// backward pass reaches `parent` only after this node. Give `parent` (a weight whose
+    /// gradient the backward reports) when something downstream of it must wait for that
+    /// gradient, such as an update hook of [`crate::optim::InBackward`].
+    #[fusion(default)]
+    fn attach_backward_after(
+        input: FloatTensor<Self>,
+        parent: FloatTensor<Self>,
+        output: FloatTensor<Self>,
+        backward: BackwardContext,
+    ) -> FloatTensor<Self> {
+        let _ = (input, parent, backward);
+        output
+    }
 }
 
 impl HandwrittenBackwardBackend for Flex {}
@@ -88,6 +103,23 @@ pub fn attach_backward<const D: usize, const E: usize>(
 ) -> Tensor<E> {
     Tensor::from_dispatch(Dispatch::attach_backward(
         input.into_dispatch(),
+        output.into_dispatch(),
+        context,
+    ))
+}
+
+/// [`attach_backward`] with `parent` (a weight the backward reports a gradient for, listed in
+/// `context`'s parameters) also a parent of the node: autodiff then reaches `parent`, and
+/// whatever hangs on it, only after this node has handed over its gradient.
+pub fn attach_backward_after<const D: usize, const P: usize, const E: usize>(
+    input: Tensor<D>,
+    parent: Tensor<P>,
+    output: Tensor<E>,
+    context: BackwardContext,
+) -> Tensor<E> {
+    Tensor::from_dispatch(Dispatch::attach_backward_after(
+        input.into_dispatch(),
+        parent.into_dispatch(),
         output.into_dispatch(),
         context,
     ))
