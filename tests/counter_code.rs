@@ -178,7 +178,7 @@ fn row_statistics_follow_the_formulas() {
     let gradient = [0.5f32, -1.0, 2.0, 0.0];
     let ternary = [1, 1, -1, 0];
     let (mut v, mut s) = (0.4f32, 0.8f32);
-    let step = row_step(&hyper, 2, &gradient, |i| ternary[i], &mut v, &mut s);
+    let step = row_step(&hyper, 2, &gradient, ternary.into_iter(), &mut v, &mut s);
     // mean g² = (0.25 + 1 + 4) / 4; Σ g·t = 0.5 − 1 − 2 = −2.5; √n_in = 2.
     let want_v = 0.9 * 0.4 + 0.1 * 5.25 / 4.0;
     assert!((v - want_v).abs() < 1e-6, "{v} vs {want_v}");
@@ -188,7 +188,7 @@ fn row_statistics_follow_the_formulas() {
     assert!((step.rms - (want_v / (1.0 - 0.729)).sqrt()).abs() < 1e-6);
     // At the first step the corrected statistic is the gradient's own mean square.
     let mut v = 0.0f32;
-    let first = row_step(&hyper, 0, &gradient, |i| ternary[i], &mut v, &mut 0.8);
+    let first = row_step(&hyper, 0, &gradient, ternary.into_iter(), &mut v, &mut 0.8);
     assert!(
         (first.rms - (5.25f32 / 4.0).sqrt()).abs() < 1e-6,
         "{}",
@@ -197,10 +197,17 @@ fn row_statistics_follow_the_formulas() {
     assert!((bias_correction(0.99, 1_000_000) - 1.0).abs() < 1e-6);
     // The scale stays within its bounds, and D within its floor.
     let (mut v, mut s) = (0.0f32, 1e-5f32);
-    let step = row_step(&hyper, 0, &[0.0, 0.0], |_| 1, &mut v, &mut s);
+    let step = row_step(&hyper, 0, &[0.0, 0.0], [1, 1].into_iter(), &mut v, &mut s);
     assert_eq!((step.rms, s), (hyper.epsilon, 1e-5));
     let mut s = 9.99f32;
-    row_step(&hyper, 0, &[-100.0, -100.0], |_| 1, &mut v, &mut s);
+    row_step(
+        &hyper,
+        0,
+        &[-100.0, -100.0],
+        [1, 1].into_iter(),
+        &mut v,
+        &mut s,
+    );
     assert_eq!(s, 10.0);
 }
 

@@ -11,6 +11,9 @@
 
 use cubecl::prelude::*;
 
+/// `counter_code::TARGET_BOUND`: counter units beyond which a weight saturates anyway.
+const TARGET_BOUND: f32 = 1048576.0;
+
 /// Code `i` of the row whose words start at `base`.
 #[cube]
 fn code_at(codes: &Tensor<u32>, base: usize, i: u32) -> u32 {
@@ -126,9 +129,9 @@ pub fn counter_update_kernel(
         stats[2] = new;
     }
     sync_cube();
-    let rms = stats[0];
-    let old_scale = stats[1];
-    let new_scale = stats[2];
+    let step_factor = -learning_rate / stats[0] * (limit_f / stats[2]);
+    let rebase = stats[1] / stats[2];
+    let limit_i = i32::cast_from(limit);
 
     // Each unit owns whole groups of 16 codes (3 words), so no two units write one word.
     let groups = (d_input + 15) / 16;
@@ -141,18 +144,41 @@ pub fn counter_update_kernel(
                 let t = i32::cast_from(code / states) - 1;
                 let c = i32::cast_from(code % states) - i32::cast_from(wall);
                 let g = gradient[gradient_base + usize::cast_from(i)];
-                let delta = -learning_rate * (g / rms) * (limit_f / new_scale);
-                let rebased = f32::cast_from(c) * old_scale / new_scale;
-                let target = rebased + delta;
-                let floor = target.floor();
+                let target = clamp(
+                    f32::cast_from(c) * rebase + g * step_factor,
+                    -TARGET_BOUND,
+                    TARGET_BOUND,
+                );
+                let whole = i32::cast_from(target);
+                let mut floor = whole;
+                if target < f32::cast_from(whole) {
+                    floor -= i32::new(1);
+                }
                 let element = u32::cast_from(row) * d_input + i;
                 let u = f32::cast_from(pcg_hash(element ^ key) >> 8) * (1.0f32 / 16777216.0f32);
-                let mut rounded = floor;
-                if u < target - floor {
-                    rounded += 1.0f32;
+                let mut q = floor;
+                if u < target - f32::cast_from(floor) {
+                    q += i32::new(1);
                 }
-                let q = i32::cast_from(rounded);
-                let carry = q / i32::cast_from(limit);
+                let mut carry = i32::new(0);
+                if q >= limit_i {
+                    carry += i32::new(1);
+                }
+                if q >= limit_i * 2i32 {
+                    carry += i32::new(1);
+                }
+                if q >= limit_i * 3i32 {
+                    carry += i32::new(1);
+                }
+                if q + limit_i <= 0i32 {
+                    carry -= i32::new(1);
+                }
+                if q + limit_i * 2i32 <= 0i32 {
+                    carry -= i32::new(1);
+                }
+                if q + limit_i * 3i32 <= 0i32 {
+                    carry -= i32::new(1);
+                }
                 let ternary = t + carry;
                 let wall_i = i32::cast_from(wall);
                 let mut new_t = ternary;

@@ -73,16 +73,18 @@ impl CounterCode {
 
     /// `(t, c)` of `code`.
     pub fn decode(self, code: u32) -> (i32, i32) {
-        let code = code as i32;
+        let t = self.ternary(code);
         (
-            code / self.counter_states() - 1,
-            code % self.counter_states() - (self.limit - 1),
+            t,
+            code as i32 - (t + 1) * self.counter_states() - (self.limit - 1),
         )
     }
 
-    /// The ternary `t` of `code`: all the forward pass reads.
+    /// The ternary `t` of `code`: all the forward pass reads. Two comparisons rather than a
+    /// division by the runtime `2C−1`, which would dominate the update's inner loop.
     pub fn ternary(self, code: u32) -> i32 {
-        code as i32 / self.counter_states() - 1
+        let states = self.counter_states() as u32;
+        (code >= states) as i32 + (code >= 2 * states) as i32 - 1
     }
 
     /// `(t, c)` of a latent weight `w` in units of the row scale: `t + c/C` nearest to `w`,
@@ -106,6 +108,17 @@ pub fn code_at(words: &[u32], i: usize) -> u32 {
     bits & ((1 << CODE_BITS) - 1)
 }
 
+/// The first `n` codes of a packed row, in order, a group of 16 read at a time.
+pub fn row_codes(words: &[u32], n: usize) -> impl Iterator<Item = u32> + '_ {
+    words
+        .chunks_exact(WORDS_PER_GROUP)
+        .flat_map(|w| {
+            let bits = w[0] as u128 | (w[1] as u128) << 32 | (w[2] as u128) << 64;
+            (0..CODES_PER_GROUP).map(move |k| (bits >> (CODE_BITS * k)) as u32 & 63)
+        })
+        .take(n)
+}
+
 /// Writes `code` as code `i` of a packed row.
 pub fn set_code(words: &mut [u32], i: usize, code: u32) {
     let mask = (1u32 << CODE_BITS) - 1;
@@ -122,8 +135,12 @@ pub fn set_code(words: &mut [u32], i: usize, code: u32) {
 /// A uniform number in `[0, 1)` from a counter-based hash of `(seed, step, element)`: the same
 /// key gives the same number on every device and every data-parallel replica, with no state.
 pub fn uniform(seed: u32, step: u32, element: u32) -> f32 {
-    let hash = pcg_hash(element ^ rounding_key(seed, step));
-    (hash >> 8) as f32 * (1.0 / (1u32 << 24) as f32)
+    keyed_uniform(rounding_key(seed, step), element)
+}
+
+/// [`uniform`] from the update's [`rounding_key`].
+fn keyed_uniform(key: u32, element: u32) -> f32 {
+    (pcg_hash(element ^ key) >> 8) as f32 * (1.0 / (1u32 << 24) as f32)
 }
 
 /// The part of [`uniform`]'s hash that one update shares across its elements.
@@ -175,7 +192,7 @@ pub struct RowStep {
 }
 
 /// Steps 1–2 of the update for one row at `step` (counted from 0): the new `v` and `s`, from
-/// the row's gradient `g`, its ternaries (through `ternary_of(i)`), and the old `v` and `s`.
+/// the row's gradient `g`, its ternaries (in order), and the old `v` and `s`.
 ///
 /// `D` divides `v` by `1 − β^(step+1)`, as Adam corrects its second moment: `v` starts at zero,
 /// and without the correction the first steps would be up to `1/√(1−β)` times too long (10× at
@@ -185,15 +202,15 @@ pub fn row_step(
     hyper: &CounterHyper,
     step: u32,
     gradient: &[f32],
-    ternary_of: impl Fn(usize) -> i32,
+    ternaries: impl Iterator<Item = i32>,
     mean_square: &mut f32,
     scale: &mut f32,
 ) -> RowStep {
     let n_in = gradient.len() as f32;
     let (mut square_sum, mut aligned) = (0.0f32, 0.0f32);
-    for (i, g) in gradient.iter().enumerate() {
+    for (g, t) in gradient.iter().zip(ternaries) {
         square_sum += g * g;
-        aligned += g * ternary_of(i) as f32;
+        aligned += g * t as f32;
     }
     *mean_square = hyper.beta * *mean_square + (1.0 - hyper.beta) * square_sum / n_in;
     let old_scale = *scale;
@@ -209,8 +226,9 @@ pub fn row_step(
 }
 
 /// Steps 3–5 for one weight `(t, c)` with gradient `g` and the uniform number `u`: the tick
-/// `Δ = −η (g/D)(C/s')` on the counter rebased to the new scale, stochastic rounding, and the
-/// carry into `t` (at the wall, `t` stays and the counter is pinned to `±(C−1)`).
+/// `Δ = −η (g/D)(C/s')` on the counter rebased to the new scale (`c·s/s'`), stochastic
+/// rounding, and the carry into `t` (at the wall, `t` stays and the counter is pinned to
+/// `±(C−1)`).
 pub fn tick(
     code: CounterCode,
     learning_rate: f32,
@@ -219,25 +237,34 @@ pub fn tick(
     gradient: f32,
     u: f32,
 ) -> (i32, i32) {
-    let limit = code.limit() as f32;
-    let delta = -learning_rate * (gradient / row.rms) * (limit / row.new_scale);
-    let rebased = c as f32 * row.scale / row.new_scale;
-    let target = rebased + delta;
-    let floor = target.floor();
-    let rounded = floor + if u < target - floor { 1.0 } else { 0.0 };
-    let carry = (rounded / limit).trunc();
-    let wall = limit - 1.0;
-    let ternary = t as f32 + carry;
-    if ternary.abs() > 1.0 {
-        (
-            ternary.clamp(-1.0, 1.0) as i32,
-            (rounded.signum() * wall) as i32,
-        )
+    let limit = code.limit();
+    // Per-row factors (hoisted out of a row's loop once inlined); the kernel computes the same.
+    let step_factor = -learning_rate / row.rms * (limit as f32 / row.new_scale);
+    let rebase = row.scale / row.new_scale;
+    let target = (c as f32 * rebase + gradient * step_factor).clamp(-TARGET_BOUND, TARGET_BOUND);
+    // floor(target), the rounding and the carry in integers: no libm call and no division in
+    // the inner loop. A carry of 3 or more saturates `t` from any start, so it is counted up
+    // to 3 only.
+    let whole = target as i32;
+    let floor = whole - (target < whole as f32) as i32;
+    let rounded = floor + (u < target - floor as f32) as i32;
+    let carry =
+        (rounded >= limit) as i32 + (rounded >= 2 * limit) as i32 + (rounded >= 3 * limit) as i32
+            - (rounded <= -limit) as i32
+            - (rounded <= -2 * limit) as i32
+            - (rounded <= -3 * limit) as i32;
+    let ternary = t + carry;
+    let wall = limit - 1;
+    if ternary.abs() > 1 {
+        (ternary.clamp(-1, 1), rounded.signum() * wall)
     } else {
-        let remainder = (rounded - carry * limit).clamp(-wall, wall);
-        (ternary as i32, remainder as i32)
+        (ternary, (rounded - carry * limit).clamp(-wall, wall))
     }
 }
+
+/// Counter units beyond which a weight saturates whatever the rounding (any `|ĉ| ≥ 3C` carries
+/// `t` past the wall), so the target can be bounded there and rounded in `i32`.
+pub const TARGET_BOUND: f32 = (1 << 20) as f32;
 
 /// The whole update of one packed row: steps 1–5, in place. `row` is the row's index and
 /// `n_in` its length, which with the step key each element's rounding.
@@ -253,25 +280,25 @@ pub fn update_row(
     scale: &mut f32,
 ) {
     let n_in = gradient.len();
-    let stats = row_step(
-        hyper,
-        step,
-        gradient,
-        |i| code.ternary(code_at(words, i)),
-        mean_square,
-        scale,
-    );
-    for (i, g) in gradient.iter().enumerate() {
-        let element = (row * n_in + i) as u32;
-        let u = uniform(hyper.seed, step, element);
-        let (t, c) = tick(
-            code,
-            hyper.learning_rate,
-            &stats,
-            code.decode(code_at(words, i)),
-            *g,
-            u,
-        );
-        set_code(words, i, code.encode(t, c));
+    let ternaries = row_codes(words, n_in).map(|k| code.ternary(k));
+    let stats = row_step(hyper, step, gradient, ternaries, mean_square, scale);
+    let key = rounding_key(hyper.seed, step);
+    // The element index, `row · n_in + i`, wraps at 2³² as the kernel's does.
+    let first = (row * n_in) as u32;
+    // A group of 16 codes at a time, read from and written to its 3 words once.
+    for (group, words) in words.chunks_exact_mut(WORDS_PER_GROUP).enumerate() {
+        let mut bits = words[0] as u128 | (words[1] as u128) << 32 | (words[2] as u128) << 64;
+        let start = group * CODES_PER_GROUP;
+        for k in 0..CODES_PER_GROUP.min(n_in.saturating_sub(start)) {
+            let i = start + k;
+            let shift = CODE_BITS * k;
+            let state = code.decode((bits >> shift) as u32 & 63);
+            let u = keyed_uniform(key, first.wrapping_add(i as u32));
+            let (t, c) = tick(code, hyper.learning_rate, &stats, state, gradient[i], u);
+            bits = (bits & !(63u128 << shift)) | (code.encode(t, c) as u128) << shift;
+        }
+        words[0] = bits as u32;
+        words[1] = (bits >> 32) as u32;
+        words[2] = (bits >> 64) as u32;
     }
 }

@@ -108,10 +108,6 @@ impl CounterTensors {
     /// One update from the weight gradient `dyᵀ · x` (`dy` `[m, d_output]`, `x`
     /// `[m, d_input]`, f32), formed and consumed a block of rows at a time.
     pub fn update(&mut self, hyper: &CounterHyper, step: u32, x: &Tensor<2>, dy: &Tensor<2>) {
-        let step = CounterStep {
-            hyper: *hyper,
-            step,
-        };
         for rows in self.blocks() {
             let (start, len) = (rows.start, rows.len());
             let gradient = dy
@@ -119,24 +115,40 @@ impl CounterTensors {
                 .narrow(1, start, len)
                 .transpose()
                 .matmul(x.clone());
-            let block = self.block(rows);
-            // Taken out so that the update finds the only handle and writes in place.
-            let codes = std::mem::replace(&mut self.codes, Tensor::empty([0, 0], &x.device()));
-            let scale = std::mem::replace(&mut self.scale, Tensor::empty([0], &x.device()));
-            let mean_square =
-                std::mem::replace(&mut self.mean_square, Tensor::empty([0], &x.device()));
-            let (codes, scale, mean_square) = Dispatch::counter_update(
-                codes.into_dispatch(),
-                scale.into_dispatch(),
-                mean_square.into_dispatch(),
-                gradient.into_dispatch(),
-                block,
-                step,
-            );
-            self.codes = Tensor::from_dispatch(codes);
-            self.scale = Tensor::from_dispatch(scale);
-            self.mean_square = Tensor::from_dispatch(mean_square);
+            self.update_rows(rows, gradient, hyper, step);
         }
+    }
+
+    /// One update of `rows` from their weight gradient `[rows.len(), d_input]` (f32), in place
+    /// when nothing else holds the state.
+    pub fn update_rows(
+        &mut self,
+        rows: Range<usize>,
+        gradient: Tensor<2>,
+        hyper: &CounterHyper,
+        step: u32,
+    ) {
+        let step = CounterStep {
+            hyper: *hyper,
+            step,
+        };
+        let block = self.block(rows);
+        let device = gradient.device();
+        // Taken out so that the update finds the only handle and writes in place.
+        let codes = std::mem::replace(&mut self.codes, Tensor::empty([0, 0], &device));
+        let scale = std::mem::replace(&mut self.scale, Tensor::empty([0], &device));
+        let mean_square = std::mem::replace(&mut self.mean_square, Tensor::empty([0], &device));
+        let (codes, scale, mean_square) = Dispatch::counter_update(
+            codes.into_dispatch(),
+            scale.into_dispatch(),
+            mean_square.into_dispatch(),
+            gradient.into_dispatch(),
+            block,
+            step,
+        );
+        self.codes = Tensor::from_dispatch(codes);
+        self.scale = Tensor::from_dispatch(scale);
+        self.mean_square = Tensor::from_dispatch(mean_square);
     }
 
     /// The state read back on the host.
