@@ -5,7 +5,7 @@ mod common;
 
 use burn::module::Param;
 use burn::nn::LinearConfig;
-use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
 use burn_memwall::nn::{TernaryLinear, TernaryLinearConfig};
 use burn_memwall::ops::ternary_code::{PackedTernary, ternary_words_per_row};
@@ -175,7 +175,7 @@ fn learns_a_linear_map_with_adamw() {
     let mut layer = TernaryLinearConfig::new(d_input, d_output)
         .with_bias(false)
         .init(&device);
-    let mut optimizer = AdamWConfig::new().init();
+    let mut optimizer: ModuleOptimizer = AdamWConfig::new().init();
     let loss_at = |layer: &TernaryLinear, step: usize| {
         let x = host_tensor([64, d_input], step as f32 * 0.31, &device);
         let want = x.clone().inner().matmul(target.clone());
