@@ -8,6 +8,10 @@
 //!
 //! The forward pass is `x · (s·t)ᵀ (+ bias)`; the counter is invisible to it. The bias, if any,
 //! is an ordinary parameter, trained by whichever optimizer trains the rest of the model.
+//!
+//! Each backward pass through the layer is one update. A layer read twice in one forward pass
+//! (shared weights) therefore updates twice, and the earlier read's input gradient uses the
+//! weights the later read's backward has already updated.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
