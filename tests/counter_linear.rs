@@ -119,7 +119,8 @@ fn backward_applies_the_update_rule_to_the_weight_gradient() {
     let _turn = common::take_turn();
     for device in devices() {
         let device = device.autodiff();
-        let (d_input, d_output) = (40, 24);
+        // 150 inputs: several per statistic lane, and a partial group of 16 codes.
+        let (d_input, d_output) = (150, 24);
         let layer = layer(d_input, d_output, false, &device);
         let hyper = CounterHyper {
             learning_rate: 0.05,

@@ -5,9 +5,9 @@
 //! row's words (little end first); `(t, c) ↔ (t+1)(2C−1) + (c+C−1)`.
 //!
 //! - [`counter_decode_kernel`]: a block of rows to dense `s·t`, one unit per weight;
-//! - [`counter_update_kernel`]: the whole update of a block of rows in one pass, one cube per
-//!   row: the row's statistics (in the order of the reference, by one unit), then each unit
-//!   ticks its own groups of 16 codes in place.
+//! - [`counter_update_kernel`]: the whole update of a block of rows in one pass, one cube of
+//!   `lanes` units per row: the row's statistics (partial sums per unit, then a tree, in the
+//!   order of the reference), then each unit ticks its own groups of 16 codes in place.
 
 use cubecl::prelude::*;
 
@@ -75,7 +75,8 @@ pub fn counter_decode_kernel(
 /// `s' = clip(s − η_s Σ g·t / √d_input, 1e-5, 10)`, then per weight the tick
 /// `Δ = −η (g/D)(C/s')` on the counter rebased to `s'`, stochastic rounding with
 /// `u = hash(element ^ key)` (`key` = the hash of the seed and step, from the host), and the
-/// carry into `t`, pinned at the wall. `cube_count = (rows, 1, 1)`.
+/// carry into `t`, pinned at the wall. `cube_count = (rows, 1, 1)`, `cube_dim = (lanes, 1, 1)`
+/// with `lanes` a power of two (`counter_code::STATISTIC_LANES`, for the reference's order).
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
 pub fn counter_update_kernel(
@@ -93,6 +94,7 @@ pub fn counter_update_kernel(
     bias_correction: f32,
     epsilon: f32,
     key: u32,
+    #[comptime] lanes: usize,
 ) {
     let block_row = CUBE_POS_X as usize;
     let unit = UNIT_POS_X;
@@ -103,23 +105,45 @@ pub fn counter_update_kernel(
     let limit_f = f32::cast_from(limit);
     let wall = limit - 1;
 
+    // Each unit sums elements `unit, unit + units, …`; then a tree over the units (halving),
+    // in the order of `counter_code::row_step`.
+    let units = CUBE_DIM_X;
+    let mut squares = Shared::<[f32]>::new_slice(lanes);
+    let mut aligns = Shared::<[f32]>::new_slice(lanes);
+    let mut square_sum = 0.0f32;
+    let mut aligned = 0.0f32;
+    let mut i = unit;
+    while i < d_input {
+        let g = gradient[gradient_base + usize::cast_from(i)];
+        square_sum += g * g;
+        let ternary = f32::cast_from(code_at(&*codes, base, i) / states) - 1.0f32;
+        aligned += g * ternary;
+        i += units;
+    }
+    squares[unit as usize] = square_sum;
+    aligns[unit as usize] = aligned;
+    sync_cube();
+    let mut half = units / 2;
+    while half > 0 {
+        if unit < half {
+            let a = squares[unit as usize] + squares[(unit + half) as usize];
+            let b = aligns[unit as usize] + aligns[(unit + half) as usize];
+            squares[unit as usize] = a;
+            aligns[unit as usize] = b;
+        }
+        sync_cube();
+        half /= 2;
+    }
+
     // [D, s, s']
     let mut stats = Shared::<[f32]>::new_slice(3usize);
     if unit == 0 {
-        let mut square_sum = 0.0f32;
-        let mut aligned = 0.0f32;
-        for i in 0..d_input {
-            let g = gradient[gradient_base + usize::cast_from(i)];
-            square_sum += g * g;
-            let ternary = f32::cast_from(code_at(&*codes, base, i) / states) - 1.0f32;
-            aligned += g * ternary;
-        }
         let n_in = f32::cast_from(d_input);
-        let v = beta * mean_square[row] + (1.0f32 - beta) * square_sum / n_in;
+        let v = beta * mean_square[row] + (1.0f32 - beta) * squares[0] / n_in;
         mean_square[row] = v;
         let old = scale[row];
         let new = clamp(
-            old - scale_learning_rate * aligned / n_in.sqrt(),
+            old - scale_learning_rate * aligns[0] / n_in.sqrt(),
             1e-5f32,
             10.0f32,
         );

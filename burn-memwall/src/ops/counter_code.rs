@@ -176,6 +176,10 @@ pub fn bias_correction(beta: f32, step: u32) -> f32 {
     1.0 - beta.powi(step.saturating_add(1).min(i32::MAX as u32) as i32)
 }
 
+/// Partial sums of a row's statistics, summed in a tree: the units of one cube of the update
+/// kernel.
+pub const STATISTIC_LANES: usize = 64;
+
 /// The row scale's bounds.
 pub const SCALE_RANGE: (f32, f32) = (1e-5, 10.0);
 
@@ -207,11 +211,22 @@ pub fn row_step(
     scale: &mut f32,
 ) -> RowStep {
     let n_in = gradient.len() as f32;
-    let (mut square_sum, mut aligned) = (0.0f32, 0.0f32);
-    for (g, t) in gradient.iter().zip(ternaries) {
-        square_sum += g * g;
-        aligned += g * t as f32;
+    // The kernel's order: lane `l` sums elements `l, l + LANES, …`, then the lanes are added
+    // in a tree (halving), so that both give the same bits.
+    let (mut squares, mut aligns) = ([0.0f32; STATISTIC_LANES], [0.0f32; STATISTIC_LANES]);
+    for (i, (g, t)) in gradient.iter().zip(ternaries).enumerate() {
+        squares[i % STATISTIC_LANES] += g * g;
+        aligns[i % STATISTIC_LANES] += g * t as f32;
     }
+    let mut half = STATISTIC_LANES / 2;
+    while half > 0 {
+        for lane in 0..half {
+            squares[lane] += squares[lane + half];
+            aligns[lane] += aligns[lane + half];
+        }
+        half /= 2;
+    }
+    let (square_sum, aligned) = (squares[0], aligns[0]);
     *mean_square = hyper.beta * *mean_square + (1.0 - hyper.beta) * square_sum / n_in;
     let old_scale = *scale;
     *scale = (old_scale - hyper.scale_learning_rate * aligned / n_in.sqrt())

@@ -10,11 +10,8 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_memwall_kernels::counter::{counter_decode_kernel, counter_update_kernel};
 
 use super::{CounterLinearBackend, CounterStep, RowBlock};
-use crate::ops::counter_code::{bias_correction, rounding_key, words_per_row};
+use crate::ops::counter_code::{STATISTIC_LANES, bias_correction, rounding_key, words_per_row};
 use crate::ops::cube::writable;
-
-/// Units per cube of the update: each owns whole groups of 16 codes of its row.
-const UPDATE_UNITS: u32 = 64;
 
 impl CounterLinearBackend for CubeBackend {
     fn counter_decode(
@@ -61,7 +58,7 @@ impl CounterLinearBackend for CubeBackend {
         counter_update_kernel::launch(
             &codes.client,
             CubeCount::Static(block.len as u32, 1, 1),
-            CubeDim::new_1d(UPDATE_UNITS),
+            CubeDim::new_1d(STATISTIC_LANES as u32),
             codes.clone().into_tensor_arg(),
             scale.clone().into_tensor_arg(),
             mean_square.clone().into_tensor_arg(),
@@ -76,6 +73,7 @@ impl CounterLinearBackend for CubeBackend {
             bias_correction(hyper.beta, step.step),
             hyper.epsilon,
             rounding_key(hyper.seed, step.step),
+            STATISTIC_LANES,
         );
         (codes, scale, mean_square)
     }
