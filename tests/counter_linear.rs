@@ -12,16 +12,7 @@ use burn_memwall::nn::{CounterLinear, CounterLinearConfig};
 use burn_memwall::ops::counter_code::{CounterHyper, code_at, update_row, words_per_row};
 use burn_memwall::ops::counter_linear::HostWeights;
 use burn_memwall::ops::packed_matmul::BLOCK_WEIGHTS;
-use common::{assert_close, devices};
-
-/// Inputs computed on the host (the device RNG is shared by parallel tests).
-fn host_tensor<const D: usize>(dims: [usize; D], salt: f32, device: &Device) -> Tensor<D> {
-    let n = dims.iter().product::<usize>();
-    let values: Vec<f32> = (0..n)
-        .map(|i| ((i as f32 * 0.37 + salt) * 1.3).sin())
-        .collect();
-    Tensor::<1>::from_floats(values.as_slice(), device).reshape(dims)
-}
+use common::{assert_close, devices, flat, host_tensor, rows_of};
 
 /// `s_r · t_rj` in f64, decoded bit by bit from the packed rows.
 fn dense(host: &HostWeights) -> Vec<Vec<f64>> {
@@ -37,17 +28,6 @@ fn dense(host: &HostWeights) -> Vec<Vec<f64>> {
                 .collect()
         })
         .collect()
-}
-
-fn rows_of(t: Tensor<2>) -> Vec<Vec<f64>> {
-    let [_, n] = t.dims();
-    let values = t.into_data().try_into_vec_as::<f64>().unwrap();
-    values.chunks(n).map(<[f64]>::to_vec).collect()
-}
-
-fn flat(rows: Vec<Vec<f64>>) -> TensorData {
-    let shape = [rows.len(), rows[0].len()];
-    TensorData::new(rows.concat(), shape)
 }
 
 /// A layer whose weights were drawn on the host: Flex and wgpu get the same ones.
@@ -105,10 +85,10 @@ fn forward_and_input_gradient_match_a_host_reference() {
                 })
                 .collect();
             let got_y = y.clone().inner().reshape([6, d_output]).into_data();
-            assert_close("y", &case, 1e-5, got_y, flat(want_y));
+            assert_close("y", &case, 1e-5, got_y, flat(&want_y));
             let grads = (y * dy).sum().backward();
             let dx = x.grad(&grads).unwrap().reshape([6, d_input]).into_data();
-            assert_close("dx", &case, 1e-5, dx, flat(want_dx));
+            assert_close("dx", &case, 1e-5, dx, flat(&want_dx));
             assert_eq!(layer.weights.step(), 1, "one backward, one update");
         }
     }
@@ -216,7 +196,7 @@ fn converts_from_a_linear_and_exports_one() {
     let linear = layer.to_linear();
     let want: Vec<Vec<f64>> = dense(&host);
     let got = rows_of(linear.weight.val().transpose());
-    assert_close("s·t", &"", 0.0, flat(got), flat(want));
+    assert_close("s·t", &"", 0.0, flat(&got), flat(&want));
     let x = host_tensor([3, 37], 0.9, &device);
     assert_close(
         "Linear",

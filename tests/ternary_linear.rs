@@ -9,25 +9,7 @@ use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
 use burn_memwall::nn::{TernaryLinear, TernaryLinearConfig};
 use burn_memwall::ops::ternary_code::{PackedTernary, ternary_words_per_row};
-use common::{assert_close, devices};
-
-fn host_tensor<const D: usize>(dims: [usize; D], salt: f32, device: &Device) -> Tensor<D> {
-    let n = dims.iter().product::<usize>();
-    let values: Vec<f32> = (0..n)
-        .map(|i| ((i as f32 * 0.37 + salt) * 1.3).sin())
-        .collect();
-    Tensor::<1>::from_floats(values.as_slice(), device).reshape(dims)
-}
-
-fn rows_of(t: Tensor<2>) -> Vec<Vec<f64>> {
-    let [_, n] = t.dims();
-    let values = t.into_data().try_into_vec_as::<f64>().unwrap();
-    values.chunks(n).map(<[f64]>::to_vec).collect()
-}
-
-fn flat(rows: &[Vec<f64>]) -> TensorData {
-    TensorData::new(rows.concat(), [rows.len(), rows[0].len()])
-}
+use common::{assert_close, devices, flat, host_tensor, rows_of};
 
 fn matmul(a: &[Vec<f64>], b: &[Vec<f64>]) -> Vec<Vec<f64>> {
     a.iter()

@@ -89,6 +89,28 @@ pub fn peak_of(device: &Device, work: impl FnOnce()) -> u64 {
     meter.peak_bytes() - before
 }
 
+/// `dims` filled with `sin((i·0.37 + salt)·1.3)`: inputs made on the host, so that Flex and
+/// wgpu get the same ones and no test draws from a backend's shared RNG.
+pub fn host_tensor<const D: usize>(dims: [usize; D], salt: f32, device: &Device) -> Tensor<D> {
+    let n = dims.iter().product::<usize>();
+    let values: Vec<f32> = (0..n)
+        .map(|i| ((i as f32 * 0.37 + salt) * 1.3).sin())
+        .collect();
+    Tensor::<1>::from_floats(values.as_slice(), device).reshape(dims)
+}
+
+/// The rows of a matrix, in f64, for host references.
+pub fn rows_of(t: Tensor<2>) -> Vec<Vec<f64>> {
+    let [_, n] = t.dims();
+    let values = t.into_data().try_into_vec_as::<f64>().unwrap();
+    values.chunks(n).map(<[f64]>::to_vec).collect()
+}
+
+/// Rows back into a `[rows, columns]` matrix of data.
+pub fn flat(rows: &[Vec<f64>]) -> TensorData {
+    TensorData::new(rows.concat(), [rows.len(), rows[0].len()])
+}
+
 /// Every parameter's values, in the module's visiting order.
 pub fn parameters<M: burn::module::Module>(model: &M) -> Vec<TensorData> {
     use burn::module::{ModuleVisitor, Param};

@@ -161,12 +161,12 @@ impl CounterLinear {
 #[derive(Clone, Debug)]
 pub struct CounterWeights {
     state: Arc<Mutex<CounterState>>,
-    code: CounterCode,
+    /// The input width, read on every forward pass without taking the lock.
     d_input: usize,
     hyper: CounterHyper,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct CounterState {
     tensors: CounterTensors,
     step: u64,
@@ -186,7 +186,6 @@ impl CounterWeights {
             ],
         };
         Self {
-            code: state.tensors.code,
             d_input: state.tensors.d_input,
             state: Arc::new(Mutex::new(state)),
             hyper,
@@ -363,10 +362,7 @@ impl Module for CounterWeights {
     fn to_device(self, device: &Device) -> Self {
         {
             let mut state = self.lock();
-            state.tensors.codes = state.tensors.codes.clone().to_device(device);
-            state.tensors.scale = state.tensors.scale.clone().to_device(device);
-            state.tensors.mean_square = state.tensors.mean_square.clone().to_device(device);
-            state.tensors = state.tensors.clone().without_autodiff();
+            state.tensors = state.tensors.clone().to_device(device);
         }
         self
     }
@@ -377,12 +373,7 @@ impl Module for CounterWeights {
 
     /// A snapshot: evaluating it never updates the weights being trained.
     fn valid(&self) -> Self {
-        let state = self.lock();
-        let snapshot = CounterState {
-            tensors: state.tensors.clone(),
-            step: state.step,
-            ids: state.ids,
-        };
+        let snapshot = self.lock().clone();
         Self {
             state: Arc::new(Mutex::new(snapshot)),
             ..self.clone()
@@ -407,7 +398,7 @@ impl ModuleDisplayDefault for CounterWeights {
             .add_formatted(&format!(
                 "CounterWeights {{ d_input: {}, counter_limit: {} }}",
                 self.d_input,
-                self.code.limit()
+                self.lock().tensors.code.limit()
             ))
             .optional()
     }

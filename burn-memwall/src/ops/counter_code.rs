@@ -113,10 +113,15 @@ pub fn row_codes(words: &[u32], n: usize) -> impl Iterator<Item = u32> + '_ {
     words
         .chunks_exact(WORDS_PER_GROUP)
         .flat_map(|w| {
-            let bits = w[0] as u128 | (w[1] as u128) << 32 | (w[2] as u128) << 64;
+            let bits = group_bits(w);
             (0..CODES_PER_GROUP).map(move |k| (bits >> (CODE_BITS * k)) as u32 & 63)
         })
         .take(n)
+}
+
+/// The 96 bits of one group's 3 words, code `k` at bits `6k .. 6k + 6`.
+fn group_bits(words: &[u32]) -> u128 {
+    words[0] as u128 | (words[1] as u128) << 32 | (words[2] as u128) << 64
 }
 
 /// Writes `code` as code `i` of a packed row.
@@ -187,7 +192,7 @@ pub const SCALE_RANGE: (f32, f32) = (1e-5, 10.0);
 /// every element's tick follows.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RowStep {
-    /// `D = max(√v, ε)` after this step's `v`.
+    /// `D = max(√(v / (1 − β^(step+1))), ε)` after this step's `v`.
     pub rms: f32,
     /// `s` before the step.
     pub scale: f32,
@@ -302,7 +307,7 @@ pub fn update_row(
     let first = (row * n_in) as u32;
     // A group of 16 codes at a time, read from and written to its 3 words once.
     for (group, words) in words.chunks_exact_mut(WORDS_PER_GROUP).enumerate() {
-        let mut bits = words[0] as u128 | (words[1] as u128) << 32 | (words[2] as u128) << 64;
+        let mut bits = group_bits(words);
         let start = group * CODES_PER_GROUP;
         for k in 0..CODES_PER_GROUP.min(n_in.saturating_sub(start)) {
             let i = start + k;

@@ -18,7 +18,10 @@ pub trait RowDecoder {
 
     /// The row blocks the products decode one at a time.
     fn blocks(&self) -> Vec<Range<usize>> {
-        row_blocks(self.d_output(), self.d_input())
+        let (rows, per_block) = (self.d_output(), (BLOCK_WEIGHTS / self.d_input()).max(1));
+        (0..rows.div_ceil(per_block))
+            .map(|b| b * per_block..((b + 1) * per_block).min(rows))
+            .collect()
     }
 
     /// `x · Wᵀ`: `[m, d_input]` → `[m, d_output]`, in f32.
@@ -49,12 +52,4 @@ pub trait RowDecoder {
             .reduce(|sum, part| sum + part)
             .expect("a weight has at least one row")
     }
-}
-
-/// `d_output` rows in blocks of at most [`BLOCK_WEIGHTS`] weights (at least one row each).
-pub fn row_blocks(d_output: usize, d_input: usize) -> Vec<Range<usize>> {
-    let per_block = (BLOCK_WEIGHTS / d_input).max(1);
-    (0..d_output.div_ceil(per_block))
-        .map(|b| b * per_block..((b + 1) * per_block).min(d_output))
-        .collect()
 }

@@ -9,7 +9,7 @@ use burn::tensor::{DType, TensorData};
 use rayon::prelude::*;
 
 use super::{CounterStep, RowBlock};
-use crate::ops::counter_code::{CounterCode, code_at, update_row, words_per_row};
+use crate::ops::counter_code::{CounterCode, row_codes, update_row, words_per_row};
 use crate::ops::flex::contiguous_f32;
 
 fn code_of(block: &RowBlock) -> CounterCode {
@@ -41,8 +41,8 @@ pub(super) fn counter_decode(
         .for_each(|(r, out)| {
             let row = block.start + r;
             let row_words = &words[row * width..(row + 1) * width];
-            for (i, w) in out.iter_mut().enumerate() {
-                *w = scale[row] * code.ternary(code_at(row_words, i)) as f32;
+            for (w, k) in out.iter_mut().zip(row_codes(row_words, d_input)) {
+                *w = scale[row] * code.ternary(k) as f32;
             }
         });
     FlexTensor::from_data(TensorData::new(dense, [block.len, d_input]))

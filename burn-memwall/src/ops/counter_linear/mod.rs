@@ -19,7 +19,7 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 
-use super::counter_code::{CounterCode, CounterHyper, code_at, words_per_row};
+use super::counter_code::{CounterCode, CounterHyper, words_per_row};
 use super::packed_matmul::RowDecoder;
 
 /// Rows `start .. start + len` of a `[d_output, d_input]` code of limit `limit`.
@@ -190,6 +190,17 @@ impl CounterTensors {
         }
     }
 
+    /// The same tensors on `device`, outside autodiff.
+    pub fn to_device(self, device: &Device) -> Self {
+        Self {
+            codes: self.codes.to_device(device),
+            scale: self.scale.to_device(device),
+            mean_square: self.mean_square.to_device(device),
+            ..self
+        }
+        .without_autodiff()
+    }
+
     /// The same tensors outside autodiff, where a mapper or a device move may have put them.
     pub fn without_autodiff(self) -> Self {
         Self {
@@ -231,17 +242,4 @@ pub struct HostWeights {
     pub scale: Vec<f32>,
     /// `[d_output]`.
     pub mean_square: Vec<f32>,
-}
-
-impl HostWeights {
-    /// The packed code of `row`.
-    pub fn row_words(&self, row: usize) -> &[u32] {
-        let width = words_per_row(self.d_input);
-        &self.words[row * width..(row + 1) * width]
-    }
-
-    /// `(t, c)` of weight `(row, i)`.
-    pub fn state(&self, row: usize, i: usize) -> (i32, i32) {
-        self.code.decode(code_at(self.row_words(row), i))
-    }
 }
