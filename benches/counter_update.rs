@@ -76,16 +76,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{:<16} {:<10} {:>10} {:>12} {:>12} {:>16}",
         "path", "device", "weights", "peak", "median ms", "÷ counter-fused"
     );
-    let rows: Vec<Row> = PATHS
-        .iter()
-        .filter_map(|path| match common::run_worker::<Row>(path) {
-            Ok(row) => Some(row),
-            Err(error) => {
-                println!("{path:<16} does not run: {error}");
-                None
-            }
-        })
-        .collect();
+    let rows: Vec<Row> = common::run_workers(&PATHS);
     let fused = rows
         .iter()
         .find(|r| r.path == "counter-fused")

@@ -136,7 +136,7 @@ fn packs_two_bits_per_weight_and_infers_the_same() {
         "packed",
         &"",
         1e-5,
-        (packed.forward(x.clone()) + bias).into_data(),
+        (packed.to_device(&device).forward(x.clone()) + bias).into_data(),
         layer.forward(x).into_data(),
     );
 }

@@ -75,6 +75,20 @@ pub fn run_worker<R: DeserializeOwned>(job: &str) -> Result<R, String> {
     }
 }
 
+/// The rows of `jobs` that ran, each measured by [`run_worker`]; for each that did not, a line
+/// that says why.
+pub fn run_workers<R: DeserializeOwned>(jobs: &[&str]) -> Vec<R> {
+    jobs.iter()
+        .filter_map(|job| match run_worker::<R>(job) {
+            Ok(row) => Some(row),
+            Err(error) => {
+                println!("{job:<16} does not run: {error}");
+                None
+            }
+        })
+        .collect()
+}
+
 /// Peak bytes above what was live before the timed runs, and their median time.
 pub struct Measured {
     pub peak_bytes: u64,

@@ -4,10 +4,10 @@
 //! Codes: 6 bits each, 16 per 3 `u32` words, code `i` of a row at bits `6i .. 6i + 6` of the
 //! row's words (little end first); `(t, c) ↔ (t+1)(2C−1) + (c+C−1)`.
 //!
-//! - [`counter_decode_kernel`]: a block of rows to dense `s·t`, one unit per weight;
-//! - [`counter_update_kernel`]: the whole update of a block of rows in one pass, one cube of
-//!   `lanes` units per row: the row's statistics (partial sums per unit, then a tree, in the
-//!   order of the reference), then each unit ticks its own groups of 16 codes in place.
+//! [`counter_update_kernel`] runs the whole update of a block of rows in one pass, one cube of
+//! `lanes` units per row: the row's statistics (partial sums per unit, then a tree, in the
+//! order of the reference), then each unit ticks its own groups of 16 codes in place. The
+//! products with the weight are [`crate::packed_matmul`]'s.
 
 use cubecl::prelude::*;
 
@@ -16,7 +16,7 @@ const TARGET_BOUND: f32 = 1048576.0;
 
 /// Code `i` of the row whose words start at `base`.
 #[cube]
-fn code_at(codes: &Tensor<u32>, base: usize, i: u32) -> u32 {
+pub(crate) fn code_at(codes: &Tensor<u32>, base: usize, i: u32) -> u32 {
     let bit = i * 6;
     let word = base + usize::cast_from(bit / 32);
     let shift = bit % 32;
@@ -46,28 +46,6 @@ fn pcg_hash(input: u32) -> u32 {
     let state = input * 747_796_405u32 + 2_891_336_453u32;
     let word = ((state >> ((state >> 28) + 4)) ^ state) * 277_803_737u32;
     (word >> 22) ^ word
-}
-
-/// `dense[r, j] = scale[row_start + r] · t(row_start + r, j)` for a block `[rows, d_input]`.
-#[cube(launch)]
-pub fn counter_decode_kernel(
-    codes: &Tensor<u32>,
-    scale: &Tensor<f32>,
-    dense: &mut Tensor<f32>,
-    row_start: u32,
-    d_input: u32,
-    words_per_row: u32,
-    counter_states: u32,
-) {
-    let i = ABSOLUTE_POS as usize;
-    if i >= dense.len() {
-        terminate!();
-    }
-    let at = u32::cast_from(i);
-    let row = row_start + at / d_input;
-    let code = code_at(codes, usize::cast_from(row * words_per_row), at % d_input);
-    let ternary = f32::cast_from(code / counter_states) - 1.0f32;
-    dense[i] = scale[usize::cast_from(row)] * ternary;
 }
 
 /// One update of the rows `row_start ..` of a block from their gradient `[rows, d_input]`:

@@ -7,7 +7,8 @@
 //!
 //! - [`flash_attention`]: forward with log-sum-exp, and the FlashAttention-2 backward;
 //! - [`cross_entropy`]: loss, log-sum-exp and gradient of rows of LM-head logits;
-//! - [`counter`]: the counter synapse's decode and its fused update (steps 1–5 in one pass);
+//! - [`counter`]: the counter synapse's fused update (steps 1–5 in one pass);
+//! - [`packed_matmul`]: products with a packed ternary weight, decoded inside the GEMM;
 //! - [`adamw`]: the AdamW update of a parameter and its moments, in place;
 //! - [`momentum`]: the single-moment update (SGD with momentum, Lion), in place.
 
@@ -16,4 +17,5 @@ pub mod counter;
 pub mod cross_entropy;
 pub mod flash_attention;
 pub mod momentum;
+pub mod packed_matmul;
 mod softcap;

@@ -1,6 +1,8 @@
 //! What every integration test needs: the devices to run on and the shared test data.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod packed_weight;
+
 use burn::prelude::*;
 use burn_memwall::DeviceChoice;
 
@@ -85,6 +87,18 @@ pub fn peak_of(device: &Device, work: impl FnOnce()) -> u64 {
     let meter = burn_memwall::memory::MemoryMeter::new(device);
     let before = meter.live_bytes();
     meter.reset_peak();
+    work();
+    meter.peak_bytes() - before
+}
+
+/// Bytes by which `work` raised `device`'s peak. On Flex, whose peak resets, that is what
+/// `work` held at its peak above what was live before, as [`peak_of`]. A Cube device's pools
+/// only grow and count since the device started, so there it is how far `work` grew them: an
+/// allocation that fits a page the pools already reserved counts nothing.
+pub fn peak_growth_of(device: &Device, work: impl FnOnce()) -> u64 {
+    let meter = burn_memwall::memory::MemoryMeter::new(device);
+    meter.reset_peak();
+    let before = meter.peak_bytes();
     work();
     meter.peak_bytes() - before
 }

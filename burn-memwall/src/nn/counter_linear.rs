@@ -29,7 +29,6 @@ use crate::ops::counter_code::{CounterCode, CounterCodeError, CounterHyper, SCAL
 use crate::ops::counter_code::{set_code, words_per_row};
 use crate::ops::counter_linear::{CounterTensors, HostWeights};
 use crate::ops::handwritten_backward::{BackwardContext, HandwrittenBackward, attach_backward};
-use crate::ops::packed_matmul::RowDecoder;
 use crate::optim::InBackward;
 
 /// Configuration of a [`CounterLinear`].
@@ -144,9 +143,12 @@ impl CounterLinear {
 
     /// The inference weights, `s·t` as a `burn::nn::Linear` (`[d_input, d_output]`).
     pub fn to_linear(&self) -> Linear {
-        let state = self.weights.lock();
-        let weights = &state.tensors;
-        let dense = weights.decode_rows(0..weights.d_output(), &weights.codes.device());
+        let host = self.weights.host();
+        let shape = [host.scale.len(), host.d_input];
+        let dense = Tensor::<2>::from_data(
+            TensorData::new(host.decode(), shape),
+            (&self.weights.device(), DType::F32),
+        );
         Linear {
             weight: Param::from_tensor(dense.transpose()),
             bias: self.bias.clone(),
@@ -229,10 +231,10 @@ impl CounterWeights {
         let rows = dims[..D - 1].iter().product();
         let dtype = x.dtype();
         let x = x.reshape([rows, self.d_input]);
-        let weights = self.lock().tensors.clone();
+        let weight = self.lock().tensors.weight();
         let mut out_dims = dims;
-        out_dims[D - 1] = weights.d_output();
-        let output = |x: Tensor<2>| weights.matmul(x.cast(FloatDType::F32)).cast(dtype);
+        out_dims[D - 1] = weight.d_output();
+        let output = |x: Tensor<2>| weight.matmul(x).cast(dtype);
         if !x.is_autodiff() {
             return output(x).reshape(out_dims);
         }
@@ -276,7 +278,11 @@ impl HandwrittenBackward for CounterBackward {
         let dy = Tensor::<2>::from_dispatch(output_gradient).cast(FloatDType::F32);
         let mut state = weights.lock();
         // The input's gradient reads the weights before this step's update.
-        let dx = state.tensors.matmul_transposed(dy.clone()).cast(dtype);
+        let dx = state
+            .tensors
+            .weight()
+            .matmul_transposed(dy.clone())
+            .cast(dtype);
         let learning_rate = in_backward
             .as_ref()
             .and_then(|in_backward| in_backward.learning_rate(state.ids[0]));

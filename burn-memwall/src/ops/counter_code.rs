@@ -120,7 +120,7 @@ pub fn row_codes(words: &[u32], n: usize) -> impl Iterator<Item = u32> + '_ {
 }
 
 /// The 96 bits of one group's 3 words, code `k` at bits `6k .. 6k + 6`.
-fn group_bits(words: &[u32]) -> u128 {
+pub(crate) fn group_bits(words: &[u32]) -> u128 {
     words[0] as u128 | (words[1] as u128) << 32 | (words[2] as u128) << 64
 }
 

@@ -3,7 +3,7 @@
 //! f16 and bf16 inputs in f32.
 
 use burn::backend::ops::FloatTensorOps;
-use burn::backend::tensor::{BoolTensor, FloatTensor};
+use burn::backend::tensor::{BoolTensor, FloatTensor, IntTensor};
 use burn::backend::{BackendTensor, DispatchKindConversion, DispatchTensor, Flex};
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType};
@@ -43,6 +43,16 @@ pub(crate) fn contiguous_f32(t: FloatTensor<Flex>) -> FloatTensor<Flex> {
         DType::F32 => t,
         _ => Flex::float_cast(t, FloatDType::F32),
     };
+    if t.is_contiguous() {
+        t
+    } else {
+        t.to_contiguous()
+    }
+}
+
+/// A contiguous `u32` primitive holding `t`'s values: the packed words of a weight code.
+pub(crate) fn contiguous_u32(t: IntTensor<Flex>) -> IntTensor<Flex> {
+    assert_eq!(t.dtype(), DType::U32, "packed weights are u32 words");
     if t.is_contiguous() {
         t
     } else {

@@ -3,13 +3,10 @@
 //! `2i .. 2i + 2` of word `i / 16` of its row (16 weights per `u32` word, rows padded to whole
 //! words), with one scale γ for the whole matrix: 0.25 byte per weight.
 
-use std::ops::Range;
-
 use burn::prelude::*;
-
 use burn::tensor::DType;
 
-use super::packed_matmul::RowDecoder;
+use super::packed_matmul::{PackedLayout, PackedWeight};
 
 /// Weights per `u32` word.
 pub const TERNARIES_PER_WORD: usize = 16;
@@ -57,8 +54,8 @@ impl PackedTernary {
 
     /// `t` of weight `(row, i)`.
     pub fn ternary(&self, row: usize, i: usize) -> i32 {
-        let word = self.words[row * ternary_words_per_row(self.d_input) + i / TERNARIES_PER_WORD];
-        ((word >> (2 * (i % TERNARIES_PER_WORD))) & 0b11) as i32 - 1
+        let width = ternary_words_per_row(self.d_input);
+        PackedLayout::Ternary.ternary(&self.words[row * width..(row + 1) * width], i)
     }
 
     /// γ.
@@ -71,41 +68,21 @@ impl PackedTernary {
         &self.words
     }
 
-    /// `x · (γ·t)ᵀ`: `[..., d_input]` → `[..., d_output]`.
-    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let dims = x.dims();
-        let dtype = x.dtype();
-        let rows = dims[..D - 1].iter().product();
-        let y = self.matmul(
-            x.reshape([rows, self.d_input])
-                .cast(burn::tensor::DType::F32),
-        );
-        let mut out = dims;
-        out[D - 1] = self.d_output;
-        y.cast(dtype).reshape(out)
-    }
-}
-
-impl RowDecoder for PackedTernary {
-    fn d_input(&self) -> usize {
-        self.d_input
-    }
-
-    fn d_output(&self) -> usize {
-        self.d_output
-    }
-
-    /// Decoded on the host (a kernel that decodes inside the matmul is not written yet).
-    fn decode_rows(&self, rows: Range<usize>, device: &Device) -> Tensor<2> {
-        let len = rows.len();
-        let dense: Vec<f32> = rows
-            .flat_map(|row| {
-                (0..self.d_input).map(move |i| self.scale * self.ternary(row, i) as f32)
-            })
-            .collect();
-        Tensor::from_data(
-            TensorData::new(dense, [len, self.d_input]),
-            (device, DType::F32),
-        )
+    /// The weight on `device`, for products that decode it inside the matmul.
+    pub fn to_device(&self, device: &Device) -> PackedWeight {
+        let width = ternary_words_per_row(self.d_input);
+        PackedWeight {
+            layout: PackedLayout::Ternary,
+            d_input: self.d_input,
+            codes: Tensor::from_data(
+                TensorData::new(self.words.clone(), [self.d_output, width]),
+                (device, DType::U32),
+            ),
+            // γ for every row: the op takes a scale per row, as a counter linear has.
+            scale: Tensor::from_data(
+                TensorData::new(vec![self.scale; self.d_output], [self.d_output]),
+                (device, DType::F32),
+            ),
+        }
     }
 }

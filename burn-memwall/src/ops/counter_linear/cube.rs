@@ -2,48 +2,16 @@
 
 use burn::backend::fusion::custom::TensorSpec;
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
-use burn::tensor::{DType, Shape};
+use burn::cubecl::{CubeCount, CubeDim};
 use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
-use burn_memwall_kernels::counter::{counter_decode_kernel, counter_update_kernel};
+use burn_memwall_kernels::counter::counter_update_kernel;
 
 use super::{CounterLinearBackend, CounterStep, RowBlock};
 use crate::ops::counter_code::{STATISTIC_LANES, bias_correction, rounding_key, words_per_row};
 use crate::ops::cube::writable;
 
 impl CounterLinearBackend for CubeBackend {
-    fn counter_decode(
-        codes: IntTensor<Self>,
-        scale: FloatTensor<Self>,
-        block: RowBlock,
-    ) -> FloatTensor<Self> {
-        let (codes, scale) = (into_contiguous(codes), into_contiguous(scale));
-        let dense = empty_device_contiguous_dtype(
-            codes.client.clone(),
-            codes.device.clone(),
-            Shape::new([block.len, block.d_input]),
-            DType::F32,
-        );
-        let elements = block.len * block.d_input;
-        let cube_dim = CubeDim::new(&dense.client, elements);
-        let cube_count = calculate_cube_count_elemwise(&dense.client, elements, cube_dim);
-        counter_decode_kernel::launch(
-            &dense.client,
-            cube_count,
-            cube_dim,
-            codes.into_tensor_arg(),
-            scale.into_tensor_arg(),
-            dense.clone().into_tensor_arg(),
-            block.start as u32,
-            block.d_input as u32,
-            words_per_row(block.d_input) as u32,
-            (2 * block.limit - 1) as u32,
-        );
-        dense
-    }
-
     fn counter_update(
         codes: IntTensor<Self>,
         scale: FloatTensor<Self>,
@@ -77,15 +45,6 @@ impl CounterLinearBackend for CubeBackend {
         );
         (codes, scale, mean_square)
     }
-}
-
-/// The decoded block: `[len, d_input]` f32, for the lazy Fusion backend.
-pub(super) fn decode_spec(
-    _codes: &TensorSpec,
-    _scale: &TensorSpec,
-    block: &RowBlock,
-) -> TensorSpec {
-    TensorSpec::new(Shape::new([block.len, block.d_input]), DType::F32)
 }
 
 /// The outputs have the inputs' metadata.

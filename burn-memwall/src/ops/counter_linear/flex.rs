@@ -3,49 +3,15 @@
 //! not shared (a copy first otherwise).
 
 use burn::backend::Flex;
-use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::tensor::{DType, TensorData};
 use rayon::prelude::*;
 
 use super::{CounterStep, RowBlock};
-use crate::ops::counter_code::{CounterCode, row_codes, update_row, words_per_row};
-use crate::ops::flex::contiguous_f32;
+use crate::ops::counter_code::{CounterCode, update_row, words_per_row};
+use crate::ops::flex::{contiguous_f32, contiguous_u32};
 
 fn code_of(block: &RowBlock) -> CounterCode {
     CounterCode::new(block.limit).expect("a counter linear's limit is valid")
-}
-
-fn contiguous_u32(t: IntTensor<Flex>) -> FlexTensor {
-    assert_eq!(t.dtype(), DType::U32, "a counter code is u32 words");
-    if t.is_contiguous() {
-        t
-    } else {
-        t.to_contiguous()
-    }
-}
-
-pub(super) fn counter_decode(
-    codes: IntTensor<Flex>,
-    scale: FloatTensor<Flex>,
-    block: RowBlock,
-) -> FloatTensor<Flex> {
-    let code = code_of(&block);
-    let (codes, scale) = (contiguous_u32(codes), contiguous_f32(scale));
-    let (words, scale) = (codes.storage::<u32>(), scale.storage::<f32>());
-    let (d_input, width) = (block.d_input, words_per_row(block.d_input));
-    let mut dense = vec![0f32; block.len * d_input];
-    dense
-        .par_chunks_mut(d_input)
-        .enumerate()
-        .for_each(|(r, out)| {
-            let row = block.start + r;
-            let row_words = &words[row * width..(row + 1) * width];
-            for (w, k) in out.iter_mut().zip(row_codes(row_words, d_input)) {
-                *w = scale[row] * code.ternary(k) as f32;
-            }
-        });
-    FlexTensor::from_data(TensorData::new(dense, [block.len, d_input]))
 }
 
 pub(super) fn counter_update(

@@ -1,13 +1,10 @@
-//! The device ops of [`crate::nn::CounterLinear`]: a block of rows of the packed code decoded to
-//! dense `s·t` (for the products, through [`RowDecoder`]), and the update of a block of rows
-//! from its weight gradient, in place. The weight gradient is formed a block of rows at a time
-//! (`dyᵀ·x` for those rows) and each block is consumed by the update as soon as it is formed.
+//! The device state and update of [`crate::nn::CounterLinear`]. The update of a block of rows
+//! from its weight gradient runs in place; the weight gradient is formed a block of rows at a
+//! time (`dyᵀ·x` for those rows) and each block is consumed by the update as soon as it is
+//! formed. The products with the weight are [`crate::ops::packed_matmul`]'s.
 //!
 //! - Flex: rayon passes over the code's own storage ([`crate::ops::counter_code`]'s functions);
 //! - Cube: `burn-memwall-kernels/src/counter.rs`, which mirrors them operation for operation.
-//!
-//! The products decode a block (at most 1 MiB of f32) and then call the backend's matmul; a
-//! kernel that decodes inside the GEMM is not written yet.
 
 #[cfg(feature = "cube")]
 mod cube;
@@ -20,7 +17,7 @@ use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 
 use super::counter_code::{CounterCode, CounterHyper, words_per_row};
-use super::packed_matmul::RowDecoder;
+use super::packed_matmul::{PackedLayout, PackedWeight, row_blocks};
 
 /// Rows `start .. start + len` of a `[d_output, d_input]` code of limit `limit`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,15 +38,6 @@ pub struct CounterStep {
 
 #[backend_extension(Flex, Cube: cfg(feature = "cube"), Fusion: cfg(feature = "cube"))]
 pub trait CounterLinearBackend: Backend {
-    /// `[block.len, d_input]` f32: `scale[r] · t(r, j)` for the rows of `block`. `codes` is
-    /// `[d_output, words_per_row(d_input)]` `u32`, `scale` `[d_output]` f32.
-    #[fusion(meta = cube::decode_spec)]
-    fn counter_decode(
-        codes: IntTensor<Self>,
-        scale: FloatTensor<Self>,
-        block: RowBlock,
-    ) -> FloatTensor<Self>;
-
     /// `(codes, scale, mean_square)` after one update of the rows of `block` from their weight
     /// gradient `[block.len, d_input]` (f32), each written in place when not shared.
     #[fusion(meta = cube::update_spec)]
@@ -64,14 +52,6 @@ pub trait CounterLinearBackend: Backend {
 }
 
 impl CounterLinearBackend for Flex {
-    fn counter_decode(
-        codes: IntTensor<Self>,
-        scale: FloatTensor<Self>,
-        block: RowBlock,
-    ) -> FloatTensor<Self> {
-        flex::counter_decode(codes, scale, block)
-    }
-
     fn counter_update(
         codes: IntTensor<Self>,
         scale: FloatTensor<Self>,
@@ -105,10 +85,24 @@ impl CounterTensors {
         }
     }
 
+    pub fn d_output(&self) -> usize {
+        self.scale.dims()[0]
+    }
+
+    /// The weight `s·t`, for its products (handles to the same tensors).
+    pub fn weight(&self) -> PackedWeight {
+        PackedWeight {
+            layout: PackedLayout::Counter(self.code),
+            d_input: self.d_input,
+            codes: self.codes.clone(),
+            scale: self.scale.clone(),
+        }
+    }
+
     /// One update from the weight gradient `dyᵀ · x` (`dy` `[m, d_output]`, `x`
     /// `[m, d_input]`, f32), formed and consumed a block of rows at a time.
     pub fn update(&mut self, hyper: &CounterHyper, step: u32, x: &Tensor<2>, dy: &Tensor<2>) {
-        for rows in self.blocks() {
+        for rows in row_blocks(self.d_input, self.d_output()) {
             let (start, len) = (rows.start, rows.len());
             let gradient = dy
                 .clone()
@@ -212,24 +206,6 @@ impl CounterTensors {
     }
 }
 
-impl RowDecoder for CounterTensors {
-    fn d_input(&self) -> usize {
-        self.d_input
-    }
-
-    fn d_output(&self) -> usize {
-        self.scale.dims()[0]
-    }
-
-    fn decode_rows(&self, rows: Range<usize>, _device: &Device) -> Tensor<2> {
-        Tensor::from_dispatch(Dispatch::counter_decode(
-            self.codes.clone().into_dispatch(),
-            self.scale.clone().into_dispatch(),
-            self.block(rows),
-        ))
-    }
-}
-
 /// A counter linear's weights on the host: `[d_output, d_input]` codes packed per row, and one
 /// scale and mean squared gradient per row.
 #[derive(Clone, Debug, PartialEq)]
@@ -242,4 +218,23 @@ pub struct HostWeights {
     pub scale: Vec<f32>,
     /// `[d_output]`.
     pub mean_square: Vec<f32>,
+}
+
+impl HostWeights {
+    /// The weight `s·t`, `[d_output, d_input]` row-major.
+    pub fn decode(&self) -> Vec<f32> {
+        let (layout, width) = (
+            PackedLayout::Counter(self.code),
+            words_per_row(self.d_input),
+        );
+        let mut dense = vec![0f32; self.scale.len() * self.d_input];
+        for ((out, words), scale) in dense
+            .chunks_mut(self.d_input)
+            .zip(self.words.chunks(width))
+            .zip(&self.scale)
+        {
+            layout.decode_row(words, *scale, out);
+        }
+        dense
+    }
 }

@@ -1,0 +1,77 @@
+//! The Cube path: `burn-memwall-kernels/src/packed_matmul.rs`.
+
+use burn::backend::fusion::custom::TensorSpec;
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::cubecl::{CubeCount, CubeDim};
+use burn::tensor::{DType, Shape};
+use burn_cubecl::CubeBackend;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_memwall_kernels::packed_matmul::{TILE, UNITS_PER_SIDE, packed_matmul_kernel};
+
+use super::{PackedLayout, PackedMatmulBackend, PackedShape, Product};
+
+impl PackedMatmulBackend for CubeBackend {
+    fn packed_matmul(
+        input: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        scale: FloatTensor<Self>,
+        weight: PackedShape,
+        product: Product,
+    ) -> FloatTensor<Self> {
+        let (input, codes, scale) = (
+            into_contiguous(input),
+            into_contiguous(codes),
+            into_contiguous(scale),
+        );
+        let rows = input.meta.shape()[0];
+        let columns = output_width(&weight, product);
+        let output = empty_device_contiguous_dtype(
+            input.client.clone(),
+            input.device.clone(),
+            Shape::new([rows, columns]),
+            DType::F32,
+        );
+        let (counter, counter_states) = match weight.layout {
+            PackedLayout::Ternary => (false, 0),
+            PackedLayout::Counter(code) => (true, (2 * code.limit() - 1) as u32),
+        };
+        packed_matmul_kernel::launch(
+            &output.client,
+            CubeCount::Static(columns.div_ceil(TILE) as u32, rows.div_ceil(TILE) as u32, 1),
+            CubeDim::new_2d(UNITS_PER_SIDE as u32, UNITS_PER_SIDE as u32),
+            input.into_tensor_arg(),
+            codes.into_tensor_arg(),
+            scale.into_tensor_arg(),
+            output.clone().into_tensor_arg(),
+            weight.d_input as u32,
+            weight.d_output as u32,
+            weight.layout.words_per_row(weight.d_input) as u32,
+            counter_states,
+            counter,
+            product == Product::Transposed,
+        );
+        output
+    }
+}
+
+fn output_width(weight: &PackedShape, product: Product) -> usize {
+    match product {
+        Product::Forward => weight.d_output,
+        Product::Transposed => weight.d_input,
+    }
+}
+
+/// The product: `[m, d_output]` or `[m, d_input]` f32, for the lazy Fusion backend.
+pub(super) fn product_spec(
+    input: &TensorSpec,
+    _codes: &TensorSpec,
+    _scale: &TensorSpec,
+    weight: &PackedShape,
+    product: &Product,
+) -> TensorSpec {
+    TensorSpec::new(
+        Shape::new([input.shape[0], output_width(weight, *product)]),
+        DType::F32,
+    )
+}

@@ -1,0 +1,204 @@
+//! Products with a weight `W = diag(s) · T` whose ternaries `T` stay packed: a
+//! [`crate::nn::CounterLinear`]'s 6-bit codes or an exported [`PackedTernary`]'s 2-bit ones.
+//!
+//! - Cube: `burn-memwall-kernels/src/packed_matmul.rs` decodes the codes inside a tiled GEMM;
+//!   no dense weight exists beyond one tile per cube in shared memory.
+//! - Flex: decodes a block of rows at a time (at most [`BLOCK_WEIGHTS`] weights, 1 MiB of f32)
+//!   and hands each block to Flex's matmul, which is faster on a CPU than a hand-written loop.
+//!
+//! [`PackedTernary`]: crate::ops::ternary_code::PackedTernary
+
+#[cfg(feature = "cube")]
+mod cube;
+mod flex;
+
+use std::ops::Range;
+
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{Backend, Dispatch, Flex, backend_extension};
+use burn::prelude::*;
+use burn::tensor::FloatDType;
+
+use super::counter_code::{
+    CODE_BITS, CODES_PER_GROUP, CounterCode, WORDS_PER_GROUP, code_at, group_bits, words_per_row,
+};
+use super::ternary_code::{TERNARIES_PER_WORD, ternary_words_per_row};
+
+/// Weights per block of rows the Flex path decodes at once.
+pub const BLOCK_WEIGHTS: usize = 1 << 18;
+
+/// How the ternaries of a weight row are packed into `u32` words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PackedLayout {
+    /// `t + 1` in 2 bits, 16 per word ([`crate::ops::ternary_code`]).
+    Ternary,
+    /// Counter-synapse codes, 6 bits each, 16 per 3 words ([`crate::ops::counter_code`]).
+    Counter(CounterCode),
+}
+
+impl PackedLayout {
+    /// Words that hold a row of `d_input` weights.
+    pub fn words_per_row(self, d_input: usize) -> usize {
+        match self {
+            Self::Ternary => ternary_words_per_row(d_input),
+            Self::Counter(_) => words_per_row(d_input),
+        }
+    }
+
+    /// `t` of weight `i` of the row packed in `words`.
+    pub fn ternary(self, words: &[u32], i: usize) -> i32 {
+        match self {
+            Self::Ternary => {
+                let word = words[i / TERNARIES_PER_WORD];
+                ((word >> (2 * (i % TERNARIES_PER_WORD))) & 0b11) as i32 - 1
+            }
+            Self::Counter(code) => code.ternary(code_at(words, i)),
+        }
+    }
+
+    /// `scale · t` of the row packed in `words`, into `out` (`[d_input]`), a group of 16 at a
+    /// time through a table of the values a code can take.
+    pub fn decode_row(self, words: &[u32], scale: f32, out: &mut [f32]) {
+        match self {
+            Self::Ternary => {
+                let values = [-scale, 0.0, scale, scale];
+                for (group, word) in out.chunks_mut(TERNARIES_PER_WORD).zip(words) {
+                    for (k, w) in group.iter_mut().enumerate() {
+                        *w = values[(word >> (2 * k)) as usize & 0b11];
+                    }
+                }
+            }
+            Self::Counter(code) => {
+                let values: [f32; 1 << CODE_BITS] =
+                    std::array::from_fn(|k| scale * code.ternary(k as u32) as f32);
+                for (group, words) in out
+                    .chunks_mut(CODES_PER_GROUP)
+                    .zip(words.chunks_exact(WORDS_PER_GROUP))
+                {
+                    let bits = group_bits(words);
+                    for (k, w) in group.iter_mut().enumerate() {
+                        *w = values[(bits >> (CODE_BITS * k)) as usize & ((1 << CODE_BITS) - 1)];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A packed `[d_output, d_input]` weight as the op sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PackedShape {
+    pub layout: PackedLayout,
+    pub d_input: usize,
+    pub d_output: usize,
+}
+
+/// Which product of the weight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Product {
+    /// `x · Wᵀ`: `[m, d_input]` → `[m, d_output]`, the forward pass of a linear.
+    Forward,
+    /// `dy · W`: `[m, d_output]` → `[m, d_input]`, the input gradient of a linear.
+    Transposed,
+}
+
+#[backend_extension(Flex, Cube: cfg(feature = "cube"), Fusion: cfg(feature = "cube"))]
+pub trait PackedMatmulBackend: Backend {
+    /// `product` of the weight packed in `codes` (`[d_output, words_per_row]` `u32`) with
+    /// per-row scales `scale` (`[d_output]` f32) and `input` (f32), in f32.
+    #[fusion(meta = cube::product_spec)]
+    fn packed_matmul(
+        input: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        scale: FloatTensor<Self>,
+        weight: PackedShape,
+        product: Product,
+    ) -> FloatTensor<Self>;
+}
+
+impl PackedMatmulBackend for Flex {
+    fn packed_matmul(
+        input: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        scale: FloatTensor<Self>,
+        weight: PackedShape,
+        product: Product,
+    ) -> FloatTensor<Self> {
+        flex::packed_matmul(input, codes, scale, weight, product)
+    }
+}
+
+/// The row blocks of a `[d_output, d_input]` weight, at most [`BLOCK_WEIGHTS`] weights each
+/// (one row at least).
+pub fn row_blocks(d_input: usize, d_output: usize) -> impl Iterator<Item = Range<usize>> {
+    let per_block = (BLOCK_WEIGHTS / d_input.max(1)).max(1);
+    (0..d_output.div_ceil(per_block))
+        .map(move |b| b * per_block..((b + 1) * per_block).min(d_output))
+}
+
+/// A `[d_output, d_input]` weight `diag(scale) · T` on a device, its ternaries packed.
+#[derive(Clone, Debug)]
+pub struct PackedWeight {
+    pub layout: PackedLayout,
+    pub d_input: usize,
+    /// `[d_output, layout.words_per_row(d_input)]`, `u32`.
+    pub codes: Tensor<2, Int>,
+    /// `[d_output]`, f32.
+    pub scale: Tensor<1>,
+}
+
+impl PackedWeight {
+    pub fn d_output(&self) -> usize {
+        self.scale.dims()[0]
+    }
+
+    fn product(&self, input: Tensor<2>, product: Product) -> Tensor<2> {
+        let weight = PackedShape {
+            layout: self.layout,
+            d_input: self.d_input,
+            d_output: self.d_output(),
+        };
+        let width = match product {
+            Product::Forward => weight.d_input,
+            Product::Transposed => weight.d_output,
+        };
+        assert_eq!(
+            input.dims()[1],
+            width,
+            "packed matmul: the input's width must be the weight's {} ({product:?})",
+            if product == Product::Forward {
+                "d_input"
+            } else {
+                "d_output"
+            },
+        );
+        Tensor::from_dispatch(Dispatch::packed_matmul(
+            input.cast(FloatDType::F32).into_dispatch(),
+            self.codes.clone().into_dispatch(),
+            self.scale.clone().into_dispatch(),
+            weight,
+            product,
+        ))
+    }
+
+    /// `x · Wᵀ`: `[m, d_input]` → `[m, d_output]`, in f32.
+    pub fn matmul(&self, x: Tensor<2>) -> Tensor<2> {
+        self.product(x, Product::Forward)
+    }
+
+    /// `dy · W`: `[m, d_output]` → `[m, d_input]`, in f32.
+    pub fn matmul_transposed(&self, dy: Tensor<2>) -> Tensor<2> {
+        self.product(dy, Product::Transposed)
+    }
+
+    /// `x · Wᵀ`: `[..., d_input]` → `[..., d_output]`, in `x`'s dtype.
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let dims = x.dims();
+        let dtype = x.dtype();
+        let rows = dims[..D - 1].iter().product();
+        let y = self.matmul(x.reshape([rows, dims[D - 1]]));
+        let mut out = dims;
+        out[D - 1] = self.d_output();
+        y.cast(dtype).reshape(out)
+    }
+}

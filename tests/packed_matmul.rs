@@ -1,0 +1,78 @@
+//! The products with a packed weight against an f64 host reference built from the ternaries the
+//! codes were packed from (not from the library's decoders), for both packings, both products,
+//! shapes that are not whole tiles or groups and shapes of several tiles and blocks. The memory
+//! claim is `packed_matmul_memory.rs`'s.
+
+mod common;
+
+use burn::prelude::*;
+use burn::tensor::DType;
+use burn_memwall::ops::packed_matmul::{BLOCK_WEIGHTS, PackedLayout};
+use common::packed_weight::{HostWeight, layouts};
+use common::{assert_close, devices, host_tensor, rows_of};
+
+fn product(a: &[Vec<f64>], b: &[Vec<f64>]) -> TensorData {
+    let rows: Vec<Vec<f64>> = a
+        .iter()
+        .map(|a| {
+            (0..b[0].len())
+                .map(|j| a.iter().zip(b).map(|(x, row)| x * row[j]).sum())
+                .collect()
+        })
+        .collect();
+    common::flat(&rows)
+}
+
+fn transpose(a: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    (0..a[0].len())
+        .map(|j| a.iter().map(|row| row[j]).collect())
+        .collect()
+}
+
+#[test]
+fn both_products_match_a_host_reference() {
+    // (m, d_input, d_output): one weight; partial groups and tiles; several 64-wide tiles on
+    // every side; several Flex blocks.
+    let shapes = [(1, 1, 1), (6, 37, 23), (70, 100, 130), (3, 600, 500)];
+    assert!(600 * 500 > BLOCK_WEIGHTS);
+    for device in devices() {
+        for (m, d_input, d_output) in shapes {
+            let host = HostWeight::new(d_input, d_output, (m * d_input + d_output) as u64);
+            let dense = host.dense();
+            let x = host_tensor([m, d_input], 0.3, &device);
+            let dy = host_tensor([m, d_output], 1.1, &device);
+            let want_y = product(&rows_of(x.clone()), &transpose(&dense));
+            let want_dx = product(&rows_of(dy.clone()), &dense);
+            for layout in layouts() {
+                let case = (m, d_input, d_output, layout, &device);
+                let weight = host.on(layout, &device);
+                let y = weight.matmul(x.clone());
+                assert_eq!(y.dims(), [m, d_output]);
+                assert_close("x·Wᵀ", &case, 1e-5, y.into_data(), want_y.clone());
+                let dx = weight.matmul_transposed(dy.clone());
+                assert_eq!(dx.dims(), [m, d_input]);
+                assert_close("dy·W", &case, 1e-5, dx.into_data(), want_dx.clone());
+            }
+        }
+    }
+}
+
+#[test]
+fn forward_keeps_the_leading_dimensions_and_the_dtype() {
+    let device = Device::flex();
+    let host = HostWeight::new(20, 9, 3);
+    let weight = host.on(PackedLayout::Ternary, &device);
+    let x = host_tensor([2, 3, 20], 0.5, &device);
+    let y = weight.forward(x.clone().cast(DType::F16));
+    assert_eq!((y.dims(), y.dtype()), ([2, 3, 9], DType::F16));
+    let want = weight.matmul(x.reshape([6, 20])).into_data();
+    assert_close("f16", &"", 2e-3, y.reshape([6, 9]).into_data(), want);
+}
+
+#[test]
+#[should_panic(expected = "the input's width must be the weight's d_output")]
+fn refuses_a_gradient_of_the_wrong_width() {
+    let device = Device::flex();
+    let weight = HostWeight::new(20, 9, 3).on(PackedLayout::Ternary, &device);
+    weight.matmul_transposed(host_tensor([2, 20], 0.5, &device));
+}
