@@ -31,9 +31,16 @@ fn transpose(a: &[Vec<f64>]) -> Vec<Vec<f64>> {
 
 #[test]
 fn both_products_match_a_host_reference() {
-    // (m, d_input, d_output): one weight; partial groups and tiles; several 64-wide tiles on
-    // every side; several Flex blocks.
-    let shapes = [(1, 1, 1), (6, 37, 23), (70, 100, 130), (3, 600, 500)];
+    // (m, d_input, d_output): one weight; partial groups and tiles; 2 and 4 rows per unit of
+    // the kernel; several tiles on every side; several Flex blocks.
+    let shapes = [
+        (1, 1, 1),
+        (6, 37, 23),
+        (20, 50, 300),
+        (40, 33, 17),
+        (150, 100, 270),
+        (3, 600, 500),
+    ];
     assert!(600 * 500 > BLOCK_WEIGHTS);
     for device in devices() {
         for (m, d_input, d_output) in shapes {

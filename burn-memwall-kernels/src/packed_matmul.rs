@@ -1,7 +1,6 @@
 //! Products with a packed ternary weight `W = diag(s) · T` (`[d_output, d_input]`), decoded
 //! inside the GEMM: each cube decodes the codes of its tile into shared memory and multiplies
-//! from there, so no dense weight exists outside one `TILE × STEP` (`128 × 16`) tile per cube.
-//! Each unit keeps `8 × 8` outputs in registers.
+//! from there, so no dense weight exists outside one `128 × 16` tile per cube.
 //!
 //! Two packings, both 16 weights per group (`comptime` `counter`):
 //! - ternary: `t + 1` in 2 bits, 16 per `u32` word;
@@ -19,14 +18,13 @@ use crate::counter::code_at;
 
 /// Units per side of a cube.
 pub const UNITS_PER_SIDE: usize = 16;
-/// Outputs per unit along each side.
-const PER_UNIT: usize = 8;
-/// Outputs per cube along each side of its tile.
-pub const TILE: usize = UNITS_PER_SIDE * PER_UNIT;
+/// Outputs per unit along a row of the output.
+const COLUMNS_PER_UNIT: usize = 8;
+/// Output columns per cube.
+pub const TILE_COLUMNS: usize = UNITS_PER_SIDE * COLUMNS_PER_UNIT;
 /// The reduction's step: one group of 16 weights.
 const STEP: usize = 16;
-/// Elements of a `TILE × STEP` tile each unit loads.
-const LOADS: usize = TILE * STEP / (UNITS_PER_SIDE * UNITS_PER_SIDE);
+const UNITS: usize = UNITS_PER_SIDE * UNITS_PER_SIDE;
 
 /// `s[row] · t(row, i)`: weight `i` of weight row `row`.
 #[cube]
@@ -49,8 +47,10 @@ fn weight_at(
 }
 
 /// `output = input · Wᵀ` (`transposed = false`) or `input · W` (`transposed = true`), f32 and
-/// contiguous. `cube_dim = (UNITS_PER_SIDE, UNITS_PER_SIDE, 1)`,
-/// `cube_count = (⌈columns / TILE⌉, ⌈m / TILE⌉, 1)`.
+/// contiguous. Each unit keeps `rows_per_unit × 8` outputs in registers (`rows_per_unit` ≤ 8:
+/// fewer for few rows, so that a small batch does not fill a tile of empty rows).
+/// `cube_dim = (UNITS_PER_SIDE, UNITS_PER_SIDE, 1)`,
+/// `cube_count = (⌈columns / TILE_COLUMNS⌉, ⌈m / (UNITS_PER_SIDE · rows_per_unit)⌉, 1)`.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
 pub fn packed_matmul_kernel(
@@ -62,35 +62,35 @@ pub fn packed_matmul_kernel(
     d_output: u32,
     words_per_row: u32,
     counter_states: u32,
+    #[comptime] rows_per_unit: usize,
     #[comptime] counter: bool,
     #[comptime] transposed: bool,
 ) {
     let m = u32::cast_from(input.shape(0));
     let reduction = u32::cast_from(input.shape(1));
     let columns = u32::cast_from(output.shape(1));
-    let tile = TILE as u32;
+    let tile_rows = comptime!(UNITS_PER_SIDE * rows_per_unit);
     let step = STEP as u32;
-    let first_row = CUBE_POS_Y * tile;
-    let first_column = CUBE_POS_X * tile;
+    let first_row = CUBE_POS_Y * tile_rows as u32;
+    let first_column = CUBE_POS_X * TILE_COLUMNS as u32;
     let unit = UNIT_POS_Y * UNITS_PER_SIDE as u32 + UNIT_POS_X;
-    let units = (UNITS_PER_SIDE * UNITS_PER_SIDE) as u32;
 
-    // Both tiles are stored reduction-major, `[STEP][TILE]`, so the inner loop reads a row of
-    // each.
-    let mut inputs = Shared::<[f32]>::new_slice(TILE * STEP);
-    let mut weights = Shared::<[f32]>::new_slice(TILE * STEP);
-    let mut sums = Array::<f32>::new(PER_UNIT * PER_UNIT);
+    // Both tiles are stored reduction-major, `[STEP][rows or columns]`, so the inner loop reads
+    // a row of each.
+    let mut inputs = Shared::<[f32]>::new_slice(comptime!(tile_rows * STEP));
+    let mut weights = Shared::<[f32]>::new_slice(TILE_COLUMNS * STEP);
+    let mut sums = Array::<f32>::new(comptime!(rows_per_unit * COLUMNS_PER_UNIT));
     #[unroll]
-    for i in 0..PER_UNIT * PER_UNIT {
+    for i in 0..rows_per_unit * COLUMNS_PER_UNIT {
         sums[i] = 0.0f32;
     }
 
     let mut start = 0u32;
     while start < reduction {
+        // The input tile: 16 consecutive units read one row's step.
         #[unroll]
-        for load in 0..LOADS {
-            let element = unit + u32::cast_from(load) * units;
-            // The input tile: 16 consecutive units read one row's step.
+        for load in 0..comptime!(tile_rows * STEP / UNITS) {
+            let element = unit + u32::cast_from(load * UNITS);
             let k = element % step;
             let r = element / step;
             let row = first_row + r;
@@ -99,20 +99,23 @@ pub fn packed_matmul_kernel(
                 value = input[usize::cast_from(row) * usize::cast_from(reduction)
                     + usize::cast_from(start + k)];
             }
-            inputs[usize::cast_from(k * tile + r)] = value;
-
-            // The weight tile: consecutive units decode consecutive weights of one weight row.
-            let mut k_w = k;
-            let mut c = r;
+            inputs[usize::cast_from(k * tile_rows as u32 + r)] = value;
+        }
+        // The weight tile: consecutive units decode consecutive weights of one weight row.
+        #[unroll]
+        for load in 0..TILE_COLUMNS * STEP / UNITS {
+            let element = unit + u32::cast_from(load * UNITS);
+            let mut k = element % step;
+            let mut c = element / step;
             if transposed {
-                k_w = element / tile;
-                c = element % tile;
+                k = element / TILE_COLUMNS as u32;
+                c = element % TILE_COLUMNS as u32;
             }
             let column = first_column + c;
             let mut weight_row = column;
-            let mut weight_input = start + k_w;
+            let mut weight_input = start + k;
             if transposed {
-                weight_row = start + k_w;
+                weight_row = start + k;
                 weight_input = column;
             }
             let mut weight = 0.0f32;
@@ -127,19 +130,19 @@ pub fn packed_matmul_kernel(
                     counter,
                 );
             }
-            weights[usize::cast_from(k_w * tile + c)] = weight;
+            weights[usize::cast_from(k * TILE_COLUMNS as u32 + c)] = weight;
         }
         sync_cube();
 
         #[unroll]
         for k in 0..STEP {
             #[unroll]
-            for i in 0..PER_UNIT {
-                let a = inputs[k * TILE + UNIT_POS_Y as usize + i * UNITS_PER_SIDE];
+            for i in 0..rows_per_unit {
+                let a = inputs[k * tile_rows + UNIT_POS_Y as usize + i * UNITS_PER_SIDE];
                 #[unroll]
-                for j in 0..PER_UNIT {
-                    let b = weights[k * TILE + UNIT_POS_X as usize + j * UNITS_PER_SIDE];
-                    sums[i * PER_UNIT + j] += a * b;
+                for j in 0..COLUMNS_PER_UNIT {
+                    let b = weights[k * TILE_COLUMNS + UNIT_POS_X as usize + j * UNITS_PER_SIDE];
+                    sums[i * COLUMNS_PER_UNIT + j] += a * b;
                 }
             }
         }
@@ -148,14 +151,14 @@ pub fn packed_matmul_kernel(
     }
 
     #[unroll]
-    for i in 0..PER_UNIT {
+    for i in 0..rows_per_unit {
         let row = first_row + UNIT_POS_Y + u32::cast_from(i * UNITS_PER_SIDE);
         #[unroll]
-        for j in 0..PER_UNIT {
+        for j in 0..COLUMNS_PER_UNIT {
             let column = first_column + UNIT_POS_X + u32::cast_from(j * UNITS_PER_SIDE);
             if row < m && column < columns {
                 output[usize::cast_from(row) * usize::cast_from(columns)
-                    + usize::cast_from(column)] = sums[i * PER_UNIT + j];
+                    + usize::cast_from(column)] = sums[i * COLUMNS_PER_UNIT + j];
             }
         }
     }

@@ -7,7 +7,7 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
-use burn_memwall_kernels::packed_matmul::{TILE, UNITS_PER_SIDE, packed_matmul_kernel};
+use burn_memwall_kernels::packed_matmul::{TILE_COLUMNS, UNITS_PER_SIDE, packed_matmul_kernel};
 
 use super::{PackedLayout, PackedMatmulBackend, PackedShape, Product};
 
@@ -36,9 +36,15 @@ impl PackedMatmulBackend for CubeBackend {
             PackedLayout::Ternary => (false, 0),
             PackedLayout::Counter(code) => (true, (2 * code.limit() - 1) as u32),
         };
+        // 8 rows per unit where the rows fill them; fewer for a small batch.
+        let rows_per_unit = rows.div_ceil(UNITS_PER_SIDE).next_power_of_two().min(8);
         packed_matmul_kernel::launch(
             &output.client,
-            CubeCount::Static(columns.div_ceil(TILE) as u32, rows.div_ceil(TILE) as u32, 1),
+            CubeCount::Static(
+                columns.div_ceil(TILE_COLUMNS) as u32,
+                rows.div_ceil(UNITS_PER_SIDE * rows_per_unit) as u32,
+                1,
+            ),
             CubeDim::new_2d(UNITS_PER_SIDE as u32, UNITS_PER_SIDE as u32),
             input.into_tensor_arg(),
             codes.into_tensor_arg(),
@@ -48,6 +54,7 @@ impl PackedMatmulBackend for CubeBackend {
             weight.d_output as u32,
             weight.layout.words_per_row(weight.d_input) as u32,
             counter_states,
+            rows_per_unit,
             counter,
             product == Product::Transposed,
         );
