@@ -83,3 +83,12 @@ fn refuses_a_gradient_of_the_wrong_width() {
     let weight = HostWeight::new(20, 9, 3).on(PackedLayout::Ternary, &device);
     weight.matmul_transposed(host_tensor([2, 20], 0.5, &device));
 }
+
+#[test]
+#[should_panic(expected = "the codes must be u32 words")]
+fn refuses_codes_of_the_wrong_shape() {
+    let device = Device::flex();
+    let mut weight = HostWeight::new(20, 9, 3).on(PackedLayout::Ternary, &device);
+    weight.d_input = 40; // three words per row, where the codes have two
+    weight.matmul(host_tensor([2, 40], 0.5, &device));
+}

@@ -6,7 +6,8 @@
 //! time and dropped at once. In expectation the update is RMS-normalised SGD on the latent weight
 //! `(t + c/C)·s`.
 //!
-//! The forward pass is `x · (s·t)ᵀ (+ bias)`; the counter is invisible to it. The bias, if any,
+//! The forward pass is `x · (s·t)ᵀ (+ bias)`; the counter is invisible to it. It and the input
+//! gradient are [`crate::ops::packed_matmul`]'s products, which never form the dense weight. The bias, if any,
 //! is an ordinary parameter, trained by whichever optimizer trains the rest of the model.
 //!
 //! Each backward pass through the layer is one update. A layer read twice in one forward pass

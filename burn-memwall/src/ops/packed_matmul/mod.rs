@@ -17,7 +17,7 @@ use std::ops::Range;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
-use burn::tensor::FloatDType;
+use burn::tensor::{DType, FloatDType};
 
 use super::counter_code::{
     CODE_BITS, CODES_PER_GROUP, CounterCode, WORDS_PER_GROUP, code_at, group_bits, words_per_row,
@@ -158,6 +158,15 @@ impl PackedWeight {
             d_input: self.d_input,
             d_output: self.d_output(),
         };
+        assert_eq!(
+            (self.codes.dtype(), self.codes.dims()),
+            (
+                DType::U32,
+                [weight.d_output, self.layout.words_per_row(self.d_input)]
+            ),
+            "packed matmul: the codes must be u32 words, [d_output, words per row] for {:?}",
+            self.layout,
+        );
         let width = match product {
             Product::Forward => weight.d_input,
             Product::Transposed => weight.d_output,
