@@ -172,7 +172,7 @@ fn inference_and_validation_do_not_update() {
 }
 
 #[test]
-fn converts_from_a_linear_and_exports_one() {
+fn converts_from_a_linear_and_exports_a_linear_and_packed_ternaries() {
     let device = Device::flex();
     let layer = layer(37, 23, true, &device);
     let host = layer.weights.host();
@@ -190,6 +190,18 @@ fn converts_from_a_linear_and_exports_one() {
             assert!(
                 (latent - w).abs() <= unit / 2.0 + 1e-6,
                 "({r}, {j}): {latent} vs {w}"
+            );
+        }
+    }
+    // The 2-bit export: the same ternaries and row scales, so the same products.
+    let packed = layer.pack();
+    assert_eq!(packed.scales(), host.scale.as_slice());
+    for (r, row) in dense(&host).iter().enumerate() {
+        for (j, w) in row.iter().enumerate() {
+            assert_eq!(
+                packed.ternary(r, j) as f64 * host.scale[r] as f64,
+                *w,
+                "({r}, {j})"
             );
         }
     }

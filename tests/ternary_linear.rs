@@ -111,7 +111,10 @@ fn packs_two_bits_per_weight_and_infers_the_same() {
     let packed = layer.pack();
     let want = quantized_weight(&rows_of(layer.weight.val()));
     let gamma = want.iter().flatten().fold(0.0f64, |m, v| m.max(v.abs()));
-    assert!((packed.scale() as f64 - gamma).abs() < 1e-6);
+    assert_eq!(packed.scales().len(), d_output);
+    for scale in packed.scales() {
+        assert!((*scale as f64 - gamma).abs() < 1e-6);
+    }
     for (i, row) in want.iter().enumerate() {
         for (r, w) in row.iter().enumerate() {
             assert_eq!(
@@ -130,6 +133,11 @@ fn packs_two_bits_per_weight_and_infers_the_same() {
         64 / 4,
         "0.25 byte per weight"
     );
+    let saved = serde_json::to_string(&packed).unwrap();
+    assert_eq!(
+        serde_json::from_str::<PackedTernary>(&saved).unwrap(),
+        packed
+    );
     let x = host_tensor([3, d_input], 0.6, &device);
     let bias = layer.bias.as_ref().unwrap().val().unsqueeze();
     assert_close(
@@ -144,7 +152,7 @@ fn packs_two_bits_per_weight_and_infers_the_same() {
 #[test]
 #[should_panic(expected = "ternary 1 is 2")]
 fn refuses_a_value_that_is_not_ternary() {
-    PackedTernary::new(2, 1, [1, 2], 1.0);
+    PackedTernary::new(2, 1, [1, 2], vec![1.0]);
 }
 
 #[test]

@@ -51,11 +51,14 @@ impl HostWeight {
 
     pub fn words(&self, layout: PackedLayout) -> Vec<u32> {
         match layout {
-            PackedLayout::Ternary => {
-                PackedTernary::new(self.d_input, self.scale.len(), self.ternaries.concat(), 1.0)
-                    .words()
-                    .to_vec()
-            }
+            PackedLayout::Ternary => PackedTernary::new(
+                self.d_input,
+                self.scale.len(),
+                self.ternaries.concat(),
+                vec![1.0; self.scale.len()],
+            )
+            .words()
+            .to_vec(),
             PackedLayout::Counter(code) => {
                 let width = words_per_row(self.d_input);
                 let mut words = vec![0; self.scale.len() * width];

@@ -27,9 +27,10 @@ use burn::tensor::{DType, FloatDType, IntDType};
 
 use super::Routed;
 use crate::ops::counter_code::{CounterCode, CounterCodeError, CounterHyper, SCALE_RANGE};
-use crate::ops::counter_code::{set_code, words_per_row};
+use crate::ops::counter_code::{row_codes, set_code, words_per_row};
 use crate::ops::counter_linear::{CounterTensors, HostWeights};
 use crate::ops::handwritten_backward::{BackwardContext, HandwrittenBackward, attach_backward};
+use crate::ops::ternary_code::PackedTernary;
 use crate::optim::InBackward;
 
 /// Configuration of a [`CounterLinear`].
@@ -140,6 +141,23 @@ impl CounterLinear {
     /// the step's learning rate, so it follows the schedule.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         Routed::new(None).counter_linear(self, x)
+    }
+
+    /// The inference weights `s·t` packed 2 bits per weight: the ternaries and the row scales,
+    /// without the counters (the bias is not part of it).
+    pub fn pack(&self) -> PackedTernary {
+        let host = self.weights.host();
+        let width = words_per_row(host.d_input);
+        let ternaries = host
+            .words
+            .chunks(width)
+            .flat_map(|words| row_codes(words, host.d_input).map(|code| host.code.ternary(code)));
+        PackedTernary::new(
+            host.d_input,
+            host.scale.len(),
+            ternaries.collect::<Vec<_>>(),
+            host.scale.clone(),
+        )
     }
 
     /// The inference weights, `s·t` as a `burn::nn::Linear` (`[d_input, d_output]`).

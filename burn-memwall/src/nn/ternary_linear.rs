@@ -68,7 +68,7 @@ impl TernaryLinear {
         )
     }
 
-    /// The ternaries `round(clip(w/γ, −1, 1))` in 2 bits each, and γ.
+    /// The ternaries `round(clip(w/γ, −1, 1))` in 2 bits each, and γ (for every row).
     pub fn pack(&self) -> PackedTernary {
         let weight = self.weight.val();
         let [d_input, d_output] = weight.dims();
@@ -79,7 +79,12 @@ impl TernaryLinear {
             .try_into_vec_as::<f32>()
             .expect("f32 ternaries");
         let scale = scale.into_scalar::<f32>();
-        PackedTernary::new(d_input, d_output, ternary.iter().map(|t| *t as i32), scale)
+        PackedTernary::new(
+            d_input,
+            d_output,
+            ternary.iter().map(|t| *t as i32),
+            vec![scale; d_output],
+        )
     }
 }
 

@@ -1,7 +1,8 @@
 //! Ternary weights packed 2 bits each for inference: the export of a trained
-//! [`crate::nn::TernaryLinear`]. A weight `t ∈ {−1, 0, +1}` is stored as `t + 1` in bits
-//! `2i .. 2i + 2` of word `i / 16` of its row (16 weights per `u32` word, rows padded to whole
-//! words), with one scale γ for the whole matrix: 0.25 byte per weight.
+//! [`crate::nn::TernaryLinear`] (one scale γ for every row) or [`crate::nn::CounterLinear`] (a
+//! scale per row). A weight `t ∈ {−1, 0, +1}` is stored as `t + 1` in bits `2i .. 2i + 2` of
+//! word `i / 16` of its row (16 weights per `u32` word, rows padded to whole words): 0.25 byte
+//! per weight, plus 4 bytes per row. Serde-serialisable, to be saved in any serde format.
 
 use burn::prelude::*;
 use burn::tensor::DType;
@@ -16,30 +17,35 @@ pub fn ternary_words_per_row(d_input: usize) -> usize {
     d_input.div_ceil(TERNARIES_PER_WORD)
 }
 
-/// A `[d_output, d_input]` ternary weight and its scale, packed.
-#[derive(Clone, Debug, PartialEq)]
+/// A `[d_output, d_input]` ternary weight and its row scales, packed: `W = diag(scales) · T`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PackedTernary {
     d_input: usize,
     d_output: usize,
     words: Vec<u32>,
-    scale: f32,
+    scales: Vec<f32>,
 }
 
 impl PackedTernary {
-    /// Packs `ternaries` (row-major `[d_output, d_input]`, each in `−1..=1`). Panics on a value
-    /// outside it or a wrong count.
+    /// Packs `ternaries` (row-major `[d_output, d_input]`, each in `−1..=1`) with one scale per
+    /// row. Panics on a value outside `−1..=1` or a wrong count.
     pub fn new(
         d_input: usize,
         d_output: usize,
         ternaries: impl IntoIterator<Item = i32>,
-        scale: f32,
+        scales: Vec<f32>,
     ) -> Self {
+        assert_eq!(scales.len(), d_output, "one scale per row");
         let width = ternary_words_per_row(d_input);
         let mut words = vec![0u32; d_output * width];
         let mut count = 0;
         for (k, t) in ternaries.into_iter().enumerate() {
             assert!((-1..=1).contains(&t), "ternary {k} is {t}");
             let (row, i) = (k / d_input, k % d_input);
+            assert!(
+                row < d_output,
+                "one ternary per weight: more than {d_output} rows"
+            );
             words[row * width + i / TERNARIES_PER_WORD] |= ((t + 1) as u32) << (2 * (i % 16));
             count += 1;
         }
@@ -48,7 +54,7 @@ impl PackedTernary {
             d_input,
             d_output,
             words,
-            scale,
+            scales,
         }
     }
 
@@ -58,9 +64,9 @@ impl PackedTernary {
         PackedLayout::Ternary.ternary(&self.words[row * width..(row + 1) * width], i)
     }
 
-    /// γ.
-    pub fn scale(&self) -> f32 {
-        self.scale
+    /// The scale of each row, `[d_output]`.
+    pub fn scales(&self) -> &[f32] {
+        &self.scales
     }
 
     /// The packed rows, `[d_output, ternary_words_per_row(d_input)]` row-major.
@@ -78,9 +84,8 @@ impl PackedTernary {
                 TensorData::new(self.words.clone(), [self.d_output, width]),
                 (device, DType::U32),
             ),
-            // γ for every row: the op takes a scale per row, as a counter linear has.
             scale: Tensor::from_data(
-                TensorData::new(vec![self.scale; self.d_output], [self.d_output]),
+                TensorData::new(self.scales.clone(), [self.d_output]),
                 (device, DType::F32),
             ),
         }
