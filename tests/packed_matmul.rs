@@ -59,6 +59,9 @@ fn both_products_match_a_host_reference() {
                 let dx = weight.matmul_transposed(dy.clone());
                 assert_eq!(dx.dims(), [m, d_input]);
                 assert_close("dy·W", &case, 1e-5, dx.into_data(), want_dx.clone());
+                let empty = weight.matmul(Tensor::zeros([0, d_input], &device));
+                assert_eq!(empty.dims(), [0, d_output], "{case:?}");
+                assert_eq!(empty.into_data().num_elements(), 0, "{case:?}");
             }
         }
     }

@@ -32,6 +32,9 @@ impl PackedMatmulBackend for CubeBackend {
             Shape::new([rows, columns]),
             DType::F32,
         );
+        if rows == 0 {
+            return output; // no cube to launch
+        }
         let (counter, counter_states) = match weight.layout {
             PackedLayout::Ternary => (false, 0),
             PackedLayout::Counter(code) => (true, (2 * code.limit() - 1) as u32),
