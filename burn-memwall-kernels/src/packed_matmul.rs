@@ -76,14 +76,17 @@ pub fn packed_matmul_kernel(
     let unit = UNIT_POS_Y * UNITS_PER_SIDE as u32 + UNIT_POS_X;
 
     // Both tiles are stored reduction-major, `[STEP][rows or columns]`, so the inner loop reads
-    // a row of each.
+    // a row of each. The weight tile holds runs of 4 columns: unit `x` owns the runs `x` and
+    // `x + 16` (columns `4x ..` and `64 + 4x ..`), so 16 neighbouring units read 16
+    // consecutive runs.
     let mut inputs = Shared::<[f32]>::new_slice(comptime!(tile_rows * STEP));
-    let mut weights = Shared::<[f32]>::new_slice(TILE_COLUMNS * STEP);
-    let mut sums = Array::<f32>::new(comptime!(rows_per_unit * COLUMNS_PER_UNIT));
+    let mut weights = Shared::<[Vector<f32, Const<4>>]>::new_slice(TILE_COLUMNS / 4 * STEP);
+    let mut sums = Array::<Vector<f32, Const<4>>>::new(comptime!(rows_per_unit * 2));
     #[unroll]
-    for i in 0..rows_per_unit * COLUMNS_PER_UNIT {
-        sums[i] = 0.0f32;
+    for i in 0..rows_per_unit * 2 {
+        sums[i] = Vector::new(0.0f32);
     }
+    let runs = (TILE_COLUMNS / 4) as u32;
 
     let mut start = 0u32;
     while start < reduction {
@@ -101,49 +104,57 @@ pub fn packed_matmul_kernel(
             }
             inputs[usize::cast_from(k * tile_rows as u32 + r)] = value;
         }
-        // The weight tile: consecutive units decode consecutive weights of one weight row.
+        // The weight tile, a run of 4 columns per load: consecutive units decode consecutive
+        // weights of one weight row.
         #[unroll]
-        for load in 0..TILE_COLUMNS * STEP / UNITS {
-            let element = unit + u32::cast_from(load * UNITS);
-            let mut k = element % step;
-            let mut c = element / step;
+        for load in 0..TILE_COLUMNS / 4 * STEP / UNITS {
+            let slot = unit + u32::cast_from(load * UNITS);
+            let mut k = slot % step;
+            let mut run = slot / step;
             if transposed {
-                k = element / TILE_COLUMNS as u32;
-                c = element % TILE_COLUMNS as u32;
+                k = slot / runs;
+                run = slot % runs;
             }
-            let column = first_column + c;
-            let mut weight_row = column;
-            let mut weight_input = start + k;
-            if transposed {
-                weight_row = start + k;
-                weight_input = column;
+            let mut values = Vector::<f32, Const<4>>::new(0.0f32);
+            #[unroll]
+            for q in 0..4usize {
+                let column = first_column + run * 4 + u32::cast_from(q);
+                let mut weight_row = column;
+                let mut weight_input = start + k;
+                if transposed {
+                    weight_row = start + k;
+                    weight_input = column;
+                }
+                if weight_row < d_output && weight_input < d_input {
+                    values.insert(
+                        q,
+                        weight_at(
+                            codes,
+                            scale,
+                            weight_row,
+                            weight_input,
+                            words_per_row,
+                            counter_states,
+                            counter,
+                        ),
+                    );
+                }
             }
-            let mut weight = 0.0f32;
-            if weight_row < d_output && weight_input < d_input {
-                weight = weight_at(
-                    codes,
-                    scale,
-                    weight_row,
-                    weight_input,
-                    words_per_row,
-                    counter_states,
-                    counter,
-                );
-            }
-            weights[usize::cast_from(k * TILE_COLUMNS as u32 + c)] = weight;
+            weights[usize::cast_from(k * runs + run)] = values;
         }
         sync_cube();
 
         #[unroll]
         for k in 0..STEP {
+            let low = weights[k * TILE_COLUMNS / 4 + UNIT_POS_X as usize];
+            let high = weights[k * TILE_COLUMNS / 4 + UNIT_POS_X as usize + UNITS_PER_SIDE];
             #[unroll]
             for i in 0..rows_per_unit {
-                let a = inputs[k * tile_rows + UNIT_POS_Y as usize + i * UNITS_PER_SIDE];
-                #[unroll]
-                for j in 0..COLUMNS_PER_UNIT {
-                    let b = weights[k * TILE_COLUMNS + UNIT_POS_X as usize + j * UNITS_PER_SIDE];
-                    sums[i * COLUMNS_PER_UNIT + j] += a * b;
-                }
+                let a = Vector::<f32, Const<4>>::new(
+                    inputs[k * tile_rows + UNIT_POS_Y as usize + i * UNITS_PER_SIDE],
+                );
+                sums[i * 2] += a * low;
+                sums[i * 2 + 1] += a * high;
             }
         }
         sync_cube();
@@ -154,11 +165,16 @@ pub fn packed_matmul_kernel(
     for i in 0..rows_per_unit {
         let row = first_row + UNIT_POS_Y + u32::cast_from(i * UNITS_PER_SIDE);
         #[unroll]
-        for j in 0..COLUMNS_PER_UNIT {
-            let column = first_column + UNIT_POS_X + u32::cast_from(j * UNITS_PER_SIDE);
-            if row < m && column < columns {
-                output[usize::cast_from(row) * usize::cast_from(columns)
-                    + usize::cast_from(column)] = sums[i * COLUMNS_PER_UNIT + j];
+        for half in 0..2usize {
+            let sum = sums[i * 2 + half];
+            #[unroll]
+            for q in 0..4usize {
+                let column =
+                    first_column + u32::cast_from(half * TILE_COLUMNS / 2 + q) + UNIT_POS_X * 4;
+                if row < m && column < columns {
+                    output[usize::cast_from(row) * usize::cast_from(columns)
+                        + usize::cast_from(column)] = sum.extract(q);
+                }
             }
         }
     }
