@@ -4,7 +4,7 @@
 //! - Cube: `burn-memwall-kernels/src/packed_matmul.rs` decodes the codes inside a tiled GEMM;
 //!   no dense weight exists beyond one tile per cube in shared memory.
 //! - Flex: decodes a block of rows at a time (at most [`BLOCK_WEIGHTS`] weights, 1 MiB of f32)
-//!   and hands each block to Flex's matmul, which is faster on a CPU than a hand-written loop.
+//!   and hands each block to Flex's matmul.
 //!
 //! [`PackedTernary`]: crate::ops::ternary_code::PackedTernary
 
