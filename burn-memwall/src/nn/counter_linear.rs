@@ -155,7 +155,7 @@ impl CounterLinear {
         PackedTernary::new(
             host.d_input,
             host.scale.len(),
-            ternaries.collect::<Vec<_>>(),
+            ternaries,
             host.scale.clone(),
         )
     }

@@ -25,7 +25,7 @@ impl PackedMatmulBackend for CubeBackend {
             into_contiguous(scale),
         );
         let rows = input.meta.shape()[0];
-        let columns = output_width(&weight, product);
+        let (_, columns, _) = weight.widths(product);
         let output = empty_device_contiguous_dtype(
             input.client.clone(),
             input.device.clone(),
@@ -65,13 +65,6 @@ impl PackedMatmulBackend for CubeBackend {
     }
 }
 
-fn output_width(weight: &PackedShape, product: Product) -> usize {
-    match product {
-        Product::Forward => weight.d_output,
-        Product::Transposed => weight.d_input,
-    }
-}
-
 /// The product: `[m, d_output]` or `[m, d_input]` f32, for the lazy Fusion backend.
 pub(super) fn product_spec(
     input: &TensorSpec,
@@ -81,7 +74,7 @@ pub(super) fn product_spec(
     product: &Product,
 ) -> TensorSpec {
     TensorSpec::new(
-        Shape::new([input.shape[0], output_width(weight, *product)]),
+        Shape::new([input.shape[0], weight.widths(*product).1]),
         DType::F32,
     )
 }

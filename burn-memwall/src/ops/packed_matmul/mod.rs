@@ -93,6 +93,16 @@ pub struct PackedShape {
     pub d_output: usize,
 }
 
+impl PackedShape {
+    /// `(input width, output width)` of `product`, and the name of the input's width.
+    pub fn widths(&self, product: Product) -> (usize, usize, &'static str) {
+        match product {
+            Product::Forward => (self.d_input, self.d_output, "d_input"),
+            Product::Transposed => (self.d_output, self.d_input, "d_output"),
+        }
+    }
+}
+
 /// Which product of the weight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Product {
@@ -167,19 +177,11 @@ impl PackedWeight {
             "packed matmul: the codes must be u32 words, [d_output, words per row] for {:?}",
             self.layout,
         );
-        let width = match product {
-            Product::Forward => weight.d_input,
-            Product::Transposed => weight.d_output,
-        };
+        let (width, _, name) = weight.widths(product);
         assert_eq!(
             input.dims()[1],
             width,
-            "packed matmul: the input's width must be the weight's {} ({product:?})",
-            if product == Product::Forward {
-                "d_input"
-            } else {
-                "d_output"
-            },
+            "packed matmul: the input's width must be the weight's {name} ({product:?})",
         );
         Tensor::from_dispatch(Dispatch::packed_matmul(
             input.cast(FloatDType::F32).into_dispatch(),
