@@ -127,7 +127,8 @@ fn measure(args: &Args, path: &str, depth: usize) -> Result<Row, Box<dyn std::er
     config.validate()?;
     let stack = reversible_blocks(&config, &autodiff);
     let stack = if args.trained { stack } else { stack.no_grad() };
-    let shape = [args.batch, args.seq, args.width];
+    // Two streams of the model's width.
+    let shape = [args.batch, args.seq, 2 * args.width];
     let x = Tensor::<3>::random(shape, Distribution::Normal(0.0, 1.0), &autodiff).require_grad();
     let weights = Tensor::<3>::random(shape, Distribution::Normal(0.0, 1.0), &autodiff);
     let reversible = path == "reversible";

@@ -32,10 +32,12 @@ pub enum BlockKind {
     /// Pre-norm residual blocks, `x + attn(norm(x))` then `x + mlp(norm(x))`: every block's
     /// activations are kept, so their memory grows with depth.
     Standard,
-    /// Additive couplings on the two halves of the stream (`F` = attention, `G` = MLP, each at
-    /// half the width): `burn_memwall::nn::ReversibleSequence` keeps only the last block's
-    /// output and rebuilds the rest in backward. A different model, not a different algorithm
-    /// for the same weights.
+    /// Additive couplings on two streams of the full width (RevNet, Reformer): both start as
+    /// the embedding's output, each block adds `F` = the attention sub-block to one and `G` =
+    /// the MLP sub-block to the other, and the final norm reads their mean.
+    /// `burn_memwall::nn::ReversibleSequence` keeps only the last block's output and rebuilds
+    /// the rest in backward. The same parameters as the standard blocks, in another
+    /// architecture (the weights of one do not compute the other's function).
     Reversible,
 }
 
@@ -118,18 +120,9 @@ impl LmConfig {
         Ok(config)
     }
 
-    /// Width of the stream each block's attention and MLP work on: all of it, or one half for
-    /// a reversible coupling.
-    pub fn block_width(&self) -> usize {
-        match self.blocks {
-            BlockKind::Standard => self.d_model,
-            BlockKind::Reversible => self.d_model / 2,
-        }
-    }
-
     /// Width of one attention head.
     pub fn d_head(&self) -> usize {
-        self.block_width() / self.n_heads
+        self.d_model / self.n_heads
     }
 
     /// Checks that the shapes fit together, naming the first that does not.
@@ -148,17 +141,10 @@ impl LmConfig {
                 return fail(format!("{name} must be positive"));
             }
         }
-        if self.blocks == BlockKind::Reversible && self.d_model % 2 != 0 {
+        if self.d_model % self.n_heads != 0 {
             return fail(format!(
-                "reversible blocks split d_model in two halves; {} is odd",
-                self.d_model
-            ));
-        }
-        let width = self.block_width();
-        if width % self.n_heads != 0 {
-            return fail(format!(
-                "n_heads = {} does not divide the attention width {width}",
-                self.n_heads
+                "n_heads = {} does not divide d_model = {}",
+                self.n_heads, self.d_model
             ));
         }
         if self.n_heads % self.n_kv_heads != 0 {
@@ -177,9 +163,9 @@ impl LmConfig {
     }
 
     /// Exact number of weights of the model this config builds (trainable scalars; for counter
-    /// linears, the weights their codes hold).
+    /// linears, the weights their codes hold). Standard and reversible blocks have the same.
     pub fn param_count(&self) -> usize {
-        let d = self.block_width();
+        let d = self.d_model;
         let kv = self.n_kv_heads * self.d_head();
         let attention = d * d + 2 * d * kv + d * d;
         let mlp = match self.mlp {
@@ -187,7 +173,6 @@ impl LmConfig {
             MlpKind::ReluSquared => 2 * d * self.d_ff,
         };
         let norms_per_layer = 2 * d;
-        let d = self.d_model;
         let embedding = self.vocab_size * d;
         let head = if self.tie_embeddings {
             0

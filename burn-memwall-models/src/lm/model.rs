@@ -56,7 +56,7 @@ pub struct LanguageModel {
     embedding: Embedding,
     /// The standard blocks (none when the blocks are reversible).
     blocks: Vec<Block>,
-    /// The reversible blocks, for [`BlockKind::Reversible`].
+    /// The reversible blocks, for [`BlockKind::Reversible`]: two streams of `d_model` each.
     reversible: Option<ReversibleSequence<AttentionCoupling, MlpCoupling>>,
     norm: RmsNorm,
     head: Option<Linear>,
@@ -155,7 +155,13 @@ impl LanguageModel {
         let route = self.route();
         let x = route.embedding(&self.embedding, tokens);
         let x = match &self.reversible {
-            Some(reversible) => reversible.forward(x),
+            // Both streams start as the embedding; the final norm reads their mean.
+            Some(reversible) => {
+                let streams = reversible.forward(Tensor::cat(vec![x.clone(), x], 2));
+                let [first, second] = <[Tensor<3>; 2]>::try_from(streams.chunk(2, 2))
+                    .expect("the sequence returns both streams");
+                (first + second) * 0.5
+            }
             None => self
                 .blocks
                 .iter()

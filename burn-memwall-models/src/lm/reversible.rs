@@ -1,15 +1,16 @@
-//! The reversible variant of the blocks: the residual stream is split into two halves, and each
-//! block is an additive coupling whose `F` is the attention half-block and whose `G` is the MLP
-//! half-block, both at half the width (`burn_memwall::nn::ReversibleSequence`).
+//! The reversible variant of the blocks (RevNet, Reformer): two residual streams of the model's
+//! full width, and each block an additive coupling whose `F` is the standard attention
+//! sub-block and whose `G` is the standard MLP sub-block (`burn_memwall::nn::ReversibleSequence`),
+//! so a reversible model has the standard one's parameters.
 
 use burn::module::Module;
 use burn::nn::{RmsNorm, RmsNormConfig, RotaryEncoding, RotaryEncodingConfig};
 use burn::prelude::*;
 use burn_memwall::nn::{CouplingFunction, ReversibleSequence, Routed};
 
-use super::{BlockKind, CausalSelfAttention, LmConfig, Mlp};
+use super::{CausalSelfAttention, LmConfig, Mlp};
 
-/// `attention(norm(x))` on one half of the stream: `F` of a coupling.
+/// `attention(norm(x))` on one stream: `F` of a coupling.
 #[derive(Module, Debug)]
 pub struct AttentionCoupling {
     norm: RmsNorm,
@@ -17,7 +18,7 @@ pub struct AttentionCoupling {
     rope: RotaryEncoding,
 }
 
-/// `mlp(norm(x))` on one half of the stream: `G` of a coupling.
+/// `mlp(norm(x))` on one stream: `G` of a coupling.
 #[derive(Module, Debug)]
 pub struct MlpCoupling {
     norm: RmsNorm,
@@ -25,7 +26,7 @@ pub struct MlpCoupling {
 }
 
 impl CouplingFunction<3> for AttentionCoupling {
-    /// `[batch, seq, d_model / 2]` → `[batch, seq, d_model / 2]`.
+    /// `[batch, seq, d_model]` → `[batch, seq, d_model]`.
     fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let route = Routed::new(None);
         let normed = route.rms_norm(&self.norm, x);
@@ -34,44 +35,39 @@ impl CouplingFunction<3> for AttentionCoupling {
 }
 
 impl CouplingFunction<3> for MlpCoupling {
-    /// `[batch, seq, d_model / 2]` → `[batch, seq, d_model / 2]`.
+    /// `[batch, seq, d_model]` → `[batch, seq, d_model]`.
     fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let route = Routed::new(None);
         self.mlp.forward(route.rms_norm(&self.norm, x), route)
     }
 }
 
-/// The `n_layers` couplings of a reversible model of `config` (whose `d_model` is the full
-/// stream's width).
+/// The `n_layers` couplings of a reversible model of `config`, each of a standard block's
+/// sub-blocks. The sequence reads and returns both streams side by side,
+/// `[batch, seq, 2 · d_model]`.
 pub fn reversible_blocks(
     config: &LmConfig,
     device: &Device,
 ) -> ReversibleSequence<AttentionCoupling, MlpCoupling> {
-    // Each half-block is a standard block of half the width.
-    let half = LmConfig {
-        d_model: config.block_width(),
-        blocks: BlockKind::Standard,
-        ..config.clone()
-    };
     let norm = || {
-        RmsNormConfig::new(half.d_model)
-            .with_epsilon(half.norm_eps)
+        RmsNormConfig::new(config.d_model)
+            .with_epsilon(config.norm_eps)
             .init(device)
     };
     // One table of constants, shared by every block.
-    let rope = RotaryEncodingConfig::new(half.max_seq_len, half.d_head())
-        .with_theta(half.rope_theta)
+    let rope = RotaryEncodingConfig::new(config.max_seq_len, config.d_head())
+        .with_theta(config.rope_theta)
         .init(device);
     let blocks = (0..config.n_layers)
         .map(|_| {
             let f = AttentionCoupling {
                 norm: norm(),
-                attention: CausalSelfAttention::new(&half, device),
+                attention: CausalSelfAttention::new(config, device),
                 rope: rope.clone(),
             };
             let g = MlpCoupling {
                 norm: norm(),
-                mlp: Mlp::new(&half, device),
+                mlp: Mlp::new(config, device),
             };
             (f, g)
         })
