@@ -20,7 +20,7 @@ use burn_memwall::device::describe;
 use burn_memwall::memory::CountingAllocator;
 use burn_memwall_models::data::{TextTokenizer, load_text};
 use burn_memwall_models::lm::{LinearKind, LmConfig};
-use burn_memwall_models::training::{Artifacts, RunConfig, TrainingConfig, train};
+use burn_memwall_models::training::{Artifacts, RunConfig, StepOptimizer, TrainingConfig, train};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 
@@ -119,7 +119,7 @@ fn measure(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>> {
         .with_epochs(1)
         .with_max_steps_per_epoch(Some(args.steps))
         .with_learning_rate(args.lr)
-        .with_in_backward(true)
+        .with_optimizer(StepOptimizer::InBackwardAdamW)
         .with_seed(args.seed);
     let dir = tempfile::tempdir()?;
     let report = train(

@@ -5,9 +5,11 @@
 //! ```
 //!
 //! Each stack runs in its own child process so that no stack inherits another's allocator state
-//! or pool peaks. The stacks are listed in [`STACKS`]: `baseline` is Burn's attention, full
-//! logits + `CrossEntropyLoss` and AdamW after backward; each other row changes one part or
-//! combines several, so that each burn-memwall part has its own row.
+//! or pool peaks. The named stacks of `train --stack` come first (`baseline`: Burn's attention,
+//! full logits + `CrossEntropyLoss` and AdamW after backward; `memwall`, `memwall-sgd`,
+//! `memwall-counter`); then each row of [`PARTS`] changes one part or combines several, so that
+//! each burn-memwall part has its own row. A stack that runs out of memory is reported as a row
+//! that does not fit, and the others still run.
 
 use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
@@ -16,10 +18,10 @@ use burn_memwall_models::data::{TextTokenizer, load_text};
 use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, human_count,
 };
-use burn_memwall_models::training::{StepOptimizer, measure_steps};
+use burn_memwall_models::training::{Stack as NamedStack, StepOptimizer, measure_steps};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 #[global_allocator]
@@ -61,12 +63,16 @@ struct Args {
     /// Write the rows as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Draw each stack's pools at the peak as a stacked bar (SVG) here.
+    #[arg(long)]
+    plot: Option<PathBuf>,
     /// Internal: run one stack in this process and print its row.
     #[arg(long, hide = true)]
     worker: Option<String>,
 }
 
 /// What a stack changes from the baseline.
+#[derive(Clone)]
 struct Stack {
     name: &'static str,
     /// burn-memwall's flash attention instead of Burn's.
@@ -94,8 +100,7 @@ const fn stack(
     }
 }
 
-/// `stack` with reversible blocks: a different model (each block at half the width), so its
-/// rows compare with each other more than with the standard ones.
+/// `stack` with full-width reversible blocks: the same parameters in another architecture.
 const fn reversible(stack: Stack) -> Stack {
     Stack {
         blocks: BlockKind::Reversible,
@@ -111,9 +116,8 @@ const fn with_linear(kind: LinearKind, stack: Stack) -> Stack {
     }
 }
 
-/// Every stack memgate knows, in the order they are reported.
-const STACKS: [Stack; 15] = [
-    stack("baseline", false, false, StepOptimizer::AdamW),
+/// The rows of single parts and their combinations, reported after the named stacks.
+const PARTS: [Stack; 14] = [
     stack("flash-attention", true, false, StepOptimizer::AdamW),
     stack("fused-loss", false, true, StepOptimizer::AdamW),
     stack("flash+fused", true, true, StepOptimizer::AdamW),
@@ -169,14 +173,37 @@ const STACKS: [Stack; 15] = [
     ),
 ];
 
-fn find_stack(name: &str) -> Result<&'static Stack, String> {
-    STACKS.iter().find(|s| s.name == name).ok_or_else(|| {
-        let names: Vec<&str> = STACKS.iter().map(|s| s.name).collect();
-        format!(
-            "unknown stack `{name}`; expected one of {}",
-            names.join(", ")
-        )
-    })
+/// A named stack of `train --stack` as a row.
+fn named(named: NamedStack) -> Stack {
+    let mut config = LmConfig::new(1, 1, 1, 1, 1, 1, 1);
+    let optimizer = named.apply(&mut config);
+    Stack {
+        name: named.name(),
+        flash_attention: config.attention == AttentionKind::Flash,
+        fused_loss: config.loss == LossKind::Fused,
+        optimizer,
+        blocks: config.blocks,
+        linear: config.linear,
+    }
+}
+
+/// Every stack memgate knows, in the order they are reported.
+fn stacks() -> Vec<Stack> {
+    NamedStack::ALL
+        .into_iter()
+        .map(named)
+        .chain(PARTS.iter().cloned())
+        .collect()
+}
+
+fn find_stack(name: &str) -> Result<Stack, String> {
+    let stacks = stacks();
+    let names: Vec<&str> = stacks.iter().map(|s| s.name).collect();
+    let message = format!(
+        "unknown stack `{name}`; expected one of {}",
+        names.join(", ")
+    );
+    stacks.into_iter().find(|s| s.name == name).ok_or(message)
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -219,14 +246,14 @@ fn main() {
 
 fn run_all(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let stacks: Vec<String> = if args.stacks.is_empty() {
-        STACKS.iter().map(|s| s.name.to_string()).collect()
+        self::stacks().iter().map(|s| s.name.to_string()).collect()
     } else {
         args.stacks.clone()
     };
     for name in &stacks {
         find_stack(name)?;
     }
-    let mut rows = Vec::new();
+    let (mut rows, mut unfit) = (Vec::new(), Vec::new());
     for stack in &stacks {
         eprintln!("running stack `{stack}` ...");
         let output = Command::new(std::env::current_exe()?)
@@ -237,24 +264,56 @@ fn run_all(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let row = stdout
             .lines()
             .find_map(|line| line.strip_prefix(ROW_PREFIX));
+        let stderr = String::from_utf8_lossy(&output.stderr);
         match (output.status.success(), row) {
             (true, Some(row)) => rows.push(serde_json::from_str::<Row>(row)?),
-            _ => {
-                let stderr = String::from_utf8_lossy(&output.stderr);
-                let first_lines: Vec<&str> = stderr.lines().take(12).collect();
-                return Err(format!("stack `{stack}` failed:\n{}", first_lines.join("\n")).into());
-            }
+            // The allocator aborts the child: the stack needs more than the machine (or the
+            // `prlimit` it runs under) gives.
+            _ => match stderr.lines().find(|l| l.contains("memory allocation of")) {
+                Some(line) => {
+                    eprintln!("stack `{stack}` does not fit: {line}");
+                    unfit.push(Unfit {
+                        stack: stack.clone(),
+                        reason: line.trim().to_owned(),
+                    });
+                }
+                None => {
+                    let first_lines: Vec<&str> = stderr.lines().take(12).collect();
+                    let lines = first_lines.join("\n");
+                    return Err(format!("stack `{stack}` failed:\n{lines}").into());
+                }
+            },
         }
     }
-    print_table(&rows);
+    print_table(&rows, &unfit);
+    if let Some(path) = &args.plot {
+        plot_pools(&rows, &unfit, path)?;
+        eprintln!("wrote {}", path.display());
+    }
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&rows)? + "\n")?;
+        let report = Report { rows, unfit };
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())
 }
 
-fn print_table(rows: &[Row]) {
+/// A stack whose step ran out of memory.
+#[derive(Serialize, Debug)]
+struct Unfit {
+    stack: String,
+    /// The allocator's message.
+    reason: String,
+}
+
+/// What `--json` writes.
+#[derive(Serialize, Debug)]
+struct Report {
+    rows: Vec<Row>,
+    unfit: Vec<Unfit>,
+}
+
+fn print_table(rows: &[Row], unfit: &[Unfit]) {
     println!(
         "{:<24} {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
         "stack",
@@ -284,6 +343,9 @@ fn print_table(rows: &[Row]) {
             r.tokens_per_s,
             r.loss
         );
+    }
+    for u in unfit {
+        println!("{:<24} does not fit: {}", u.stack, u.reason);
     }
     if let Some(r) = rows.first() {
         println!(
@@ -348,4 +410,101 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
         tokens_per_s: measured.tokens_per_s,
         loss: measured.loss,
     })
+}
+
+/// The pools of [`plot_pools`], bottom to top, with their colours.
+const POOLS: [(&str, (u8, u8, u8)); 4] = [
+    ("parameters", (66, 110, 180)),
+    ("optimizer state", (230, 150, 50)),
+    ("gradients", (200, 70, 70)),
+    ("activations + workspace", (110, 170, 90)),
+];
+
+/// A row's bytes in each of [`POOLS`].
+fn pool_bytes(row: &Row) -> [u64; 4] {
+    [
+        row.parameter_bytes,
+        row.optimizer_state_bytes,
+        row.gradient_bytes,
+        row.activation_and_workspace_bytes,
+    ]
+}
+
+/// The pools at each stack's peak as stacked bars, one per row, with the stacks that do not fit
+/// named beneath.
+fn plot_pools(
+    rows: &[Row],
+    unfit: &[Unfit],
+    path: &Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    const GIB: f64 = (1u64 << 30) as f64;
+    const HEIGHT: u32 = 520;
+    let tallest = rows.iter().map(|r| r.peak_bytes).max().unwrap_or(1) as f64 / GIB;
+    let width = 200 + 110 * rows.len().max(1) as u32;
+    let root = SVGBackend::new(path, (width, HEIGHT)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let caption = match rows.first() {
+        Some(r) => format!(
+            "{} ({} parameters), seq {}, batch {}: pools at a training step's peak",
+            r.model,
+            human_count(r.parameters),
+            r.seq,
+            r.batch
+        ),
+        None => "no stack fit".to_owned(),
+    };
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40 + 16 * unfit.len() as u32)
+        .y_label_area_size(60)
+        .build_cartesian_2d((0..rows.len().max(1)).into_segmented(), 0.0..tallest * 1.3)?;
+    let names: Vec<String> = rows.iter().map(|r| r.stack.clone()).collect();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_label_formatter(&|segment| match segment {
+            SegmentValue::CenterOf(i) => names.get(*i).cloned().unwrap_or_default(),
+            _ => String::new(),
+        })
+        .y_desc("GiB")
+        .draw()?;
+    for (k, (name, (r, g, b))) in POOLS.into_iter().enumerate() {
+        let color = RGBColor(r, g, b);
+        let bars = rows.iter().enumerate().map(|(i, row)| {
+            let bytes = pool_bytes(row);
+            let below: u64 = bytes[..k].iter().sum();
+            let (bottom, top) = (below as f64 / GIB, (below + bytes[k]) as f64 / GIB);
+            let mut bar = Rectangle::new(
+                [
+                    (SegmentValue::Exact(i), bottom),
+                    (SegmentValue::Exact(i + 1), top),
+                ],
+                color.filled(),
+            );
+            bar.set_margin(0, 0, 14, 14);
+            bar
+        });
+        chart
+            .draw_series(bars)?
+            .label(name)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    for (k, u) in unfit.iter().enumerate() {
+        let y = (HEIGHT - 16 * (unfit.len() - k) as u32) as i32;
+        root.draw(&Text::new(
+            format!("{}: does not fit ({})", u.stack, u.reason),
+            (12, y),
+            ("sans-serif", 13),
+        ))?;
+    }
+    root.present()?;
+    Ok(())
 }

@@ -1,7 +1,8 @@
 //! Train the reference language model through Burn's `Learner`.
 //!
 //! ```text
-//! cargo run --release --example train                       # tiny model, embedded corpus, auto device
+//! cargo run --release --example train                       # tiny model, embedded corpus, auto device, the memwall stack
+//! cargo run --release --example train -- --stack baseline   # Burn's own path, for comparison
 //! cargo run --release --example train -- --data FILE --tokenizer bpe --vocab 2048 --model small
 //! cargo run --release --example train -- --resume           # continue the run in --artifacts exactly
 //! ```
@@ -16,7 +17,7 @@ use burn_memwall_models::data::{TextTokenizer, load_text};
 use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, PRESETS, human_count,
 };
-use burn_memwall_models::training::{Artifacts, RunConfig, TrainingConfig, train};
+use burn_memwall_models::training::{Artifacts, RunConfig, Stack, TrainingConfig, train};
 use clap::{Parser, ValueEnum};
 
 #[global_allocator]
@@ -42,7 +43,8 @@ enum AttentionArg {
 enum BlocksArg {
     /// Pre-norm residual blocks (every block's activations kept for the backward pass).
     Standard,
-    /// Reversible couplings at half the width (activation memory independent of depth).
+    /// Reversible couplings on two full-width streams (the same parameters; activation memory
+    /// independent of depth).
     Reversible,
 }
 
@@ -53,8 +55,8 @@ enum LinearArg {
     /// BitNet b1.58 ternary weights, trained through f32 latent weights by AdamW.
     Ternary,
     /// 6-bit counter synapses that update themselves in backward (no weight parameter, no
-    /// optimizer state). With `--in-backward` their step follows the learning-rate schedule;
-    /// without, it is a fixed 1e-3.
+    /// optimizer state). With an in-backward optimizer their step follows the learning-rate
+    /// schedule; without, it is a fixed 1e-3.
     Counter,
 }
 
@@ -72,18 +74,23 @@ struct Args {
     /// Model size: tiny, small, gpt2-124m, llama-1b (vocabulary comes from the tokenizer).
     #[arg(long, default_value = "tiny")]
     model: String,
+    /// The set of switches to train with: baseline (Burn's own path), memwall (flash attention,
+    /// fused loss, full-width reversible blocks, FusedAdamW in backward), memwall-sgd (SGD in
+    /// backward) or memwall-counter (counter linears). The flags below override single parts.
+    #[arg(long, default_value = "memwall")]
+    stack: String,
     /// Attention implementation; both train the same weights.
-    #[arg(long, value_enum, default_value = "burn")]
-    attention: AttentionArg,
-    /// Block structure; `reversible` is a different model, not another algorithm.
-    #[arg(long, value_enum, default_value = "standard")]
-    blocks: BlocksArg,
+    #[arg(long, value_enum)]
+    attention: Option<AttentionArg>,
+    /// Block structure; `reversible` has the same parameters in another architecture.
+    #[arg(long, value_enum)]
+    blocks: Option<BlocksArg>,
     /// The blocks' linears (attention and MLP); embeddings, norms and head stay dense.
-    #[arg(long, value_enum, default_value = "dense")]
-    linear: LinearArg,
+    #[arg(long, value_enum)]
+    linear: Option<LinearArg>,
     /// Loss implementation; both train the same weights to the same loss.
-    #[arg(long, value_enum, default_value = "burn")]
-    loss: LossArg,
+    #[arg(long, value_enum)]
+    loss: Option<LossArg>,
     /// auto, flex, wgpu, vulkan, metal, webgpu, cuda, rocm or cpu.
     #[arg(long, env = "BURN_DEVICE", default_value = "auto")]
     device: String,
@@ -118,12 +125,6 @@ struct Args {
     /// Continue the run in `--artifacts` from its last complete checkpoint.
     #[arg(long)]
     resume: bool,
-    /// Apply AdamW during backward (the same updates, no gradient pool). Through burn-train's
-    /// Learner this does not lower the peak yet: the Learner keeps its own handle on the
-    /// weights while it optimizes, so each new weight is made beside the old one.
-    /// `memgate --stacks in-backward` measures the saving in a plain training loop.
-    #[arg(long)]
-    in_backward: bool,
     /// Print the named model sizes with their parameter counts and exit.
     #[arg(long)]
     list_models: bool,
@@ -150,30 +151,40 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let tokens = tokenizer.encode(&text)?;
     let mut model = LmConfig::preset(&args.model)?;
     model.vocab_size = tokenizer.vocab_size();
-    model.attention = match args.attention {
-        AttentionArg::Burn => AttentionKind::Burn,
-        AttentionArg::Flash => AttentionKind::Flash,
-    };
-    model.blocks = match args.blocks {
-        BlocksArg::Standard => BlockKind::Standard,
-        BlocksArg::Reversible => BlockKind::Reversible,
-    };
-    model.linear = match args.linear {
-        LinearArg::Dense => LinearKind::Dense,
-        LinearArg::Ternary => LinearKind::Ternary,
-        LinearArg::Counter => LinearKind::Counter,
-    };
-    model.loss = match args.loss {
-        LossArg::Burn => LossKind::Burn,
-        LossArg::Fused => LossKind::Fused,
-    };
+    let stack = Stack::from_name(&args.stack)?;
+    let optimizer = stack.apply(&mut model);
+    if let Some(attention) = args.attention {
+        model.attention = match attention {
+            AttentionArg::Burn => AttentionKind::Burn,
+            AttentionArg::Flash => AttentionKind::Flash,
+        };
+    }
+    if let Some(blocks) = args.blocks {
+        model.blocks = match blocks {
+            BlocksArg::Standard => BlockKind::Standard,
+            BlocksArg::Reversible => BlockKind::Reversible,
+        };
+    }
+    if let Some(linear) = args.linear {
+        model.linear = match linear {
+            LinearArg::Dense => LinearKind::Dense,
+            LinearArg::Ternary => LinearKind::Ternary,
+            LinearArg::Counter => LinearKind::Counter,
+        };
+    }
+    if let Some(loss) = args.loss {
+        model.loss = match loss {
+            LossArg::Burn => LossKind::Burn,
+            LossArg::Fused => LossKind::Fused,
+        };
+    }
     let training = TrainingConfig::new()
         .with_seq_len(args.seq)
         .with_batch_size(args.batch)
         .with_epochs(args.epochs)
         .with_max_steps_per_epoch(args.steps_per_epoch)
         .with_learning_rate(args.lr)
-        .with_in_backward(args.in_backward)
+        .with_optimizer(optimizer)
         .with_seed(args.seed);
     println!(
         "model {} ({} parameters, vocab {}), {} tokens, device {}",
@@ -183,10 +194,18 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         tokens.len(),
         describe(&device)
     );
+    println!(
+        "stack {}: attention {:?}, loss {:?}, blocks {:?}, linears {:?}, optimizer {:?}",
+        stack.name(),
+        model.attention,
+        model.loss,
+        model.blocks,
+        model.linear,
+        optimizer
+    );
 
     let artifacts = Artifacts::new(&args.artifacts);
     let meter = MemoryMeter::new(&device);
-    meter.reset_peak();
     let started = Instant::now();
     let report = train(
         &RunConfig::new(model, training),
@@ -213,10 +232,13 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         last.valid_loss.exp()
     );
     println!("  training speed         {mean_speed:.0} tokens/s");
+    let memory = report.step_memory;
     println!(
-        "  peak memory            {} ({})",
-        human_bytes(meter.peak_bytes()),
-        meter.source()
+        "  peak of a step         {} ({}), persistent {}, peak / persistent {:.2}",
+        human_bytes(memory.peak_bytes),
+        meter.source(),
+        human_bytes(memory.live_bytes),
+        memory.peak_bytes as f64 / memory.live_bytes.max(1) as f64
     );
     println!(
         "  wall time              {:.1} s",

@@ -1,7 +1,8 @@
 //! The in-backward optimizer removes the gradient pool from a training step of the `small` LM.
 //! With AdamW after backward, the step's peak holds every parameter's gradient at once; with
 //! AdamW during backward it holds the persistent state, the activations, and about one
-//! parameter's gradient.
+//! parameter's gradient. Trained through burn-train's Learner (the project's `train`, which
+//! runs `InBackwardTraining`), the step holds what it holds in a plain loop.
 
 mod common;
 
@@ -9,20 +10,59 @@ use burn::prelude::*;
 use burn_memwall::memory::CountingAllocator;
 use burn_memwall_models::data::{DEFAULT_CORPUS, TextTokenizer};
 use burn_memwall_models::lm::LmConfig;
-use burn_memwall_models::training::{StepMeasurement, StepOptimizer, measure_steps};
+use burn_memwall_models::training::{
+    Artifacts, RunConfig, StepMeasurement, StepOptimizer, TrainReport, TrainingConfig,
+    measure_steps, train,
+};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
-/// Three steps (the first a warm-up) of the `small` LM. Short windows keep the activations well
-/// below the 42 MiB of gradients of its 11M parameters, so that the gradient pool is what sets
-/// the baseline's peak.
+/// Tokens per window (one window per batch). Short windows keep the activations well below the
+/// 42 MiB of gradients of the `small` LM's 11M parameters, so that the gradient pool is what
+/// sets the baseline's peak.
+const SEQ: usize = 16;
+/// Training steps per measurement.
+const STEPS: usize = 3;
+
+/// Three steps (the first a warm-up) of the `small` LM in a plain loop.
 fn measure(optimizer: StepOptimizer, device: &Device) -> StepMeasurement {
     let config = LmConfig::preset("small").unwrap();
-    let (seq, batch) = (16, 1);
     let tokens = TextTokenizer::byte_level().encode(DEFAULT_CORPUS).unwrap();
-    let windows: Vec<Vec<u32>> = tokens.chunks_exact(seq + 1).map(<[u32]>::to_vec).collect();
-    measure_steps(&config, optimizer, &windows, batch, 3, 1e-3, 7, device).unwrap()
+    let windows: Vec<Vec<u32>> = tokens.chunks_exact(SEQ + 1).map(<[u32]>::to_vec).collect();
+    measure_steps(&config, optimizer, &windows, 1, STEPS, 1e-3, 7, device).unwrap()
+}
+
+/// The highest step peak of one epoch of three steps of the same model through the Learner,
+/// above what was live before the run; a first run warms the runtime up, as [`measure`] does.
+fn learner_peak(optimizer: StepOptimizer, device: &Device) -> u64 {
+    learner_run(optimizer, device);
+    learner_run(optimizer, device).step_memory.peak_bytes
+}
+
+/// One epoch of three steps of the same model as [`measure`]'s through the Learner.
+fn learner_run(optimizer: StepOptimizer, device: &Device) -> TrainReport {
+    let model = LmConfig::preset("small").unwrap();
+    let training = TrainingConfig::new()
+        .with_seq_len(SEQ)
+        .with_batch_size(1)
+        .with_epochs(1)
+        .with_max_steps_per_epoch(Some(STEPS))
+        .with_learning_rate(1e-3)
+        .with_optimizer(optimizer)
+        .with_seed(7);
+    let run = RunConfig::new(model, training);
+    let tokens = TextTokenizer::byte_level().encode(DEFAULT_CORPUS).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    train(
+        &run,
+        &tokens,
+        device,
+        &Artifacts::new(dir.path()),
+        false,
+        true,
+    )
+    .unwrap()
 }
 
 /// The claims, given what bounds the activations in the in-backward step: the peak is at most
@@ -69,11 +109,39 @@ fn assert_no_gradient_pool(
 /// are what the forward pass saved (measured).
 #[test]
 fn an_in_backward_step_holds_no_gradient_pool() {
+    let _turn = common::take_turn(); // peak readings are process-wide
     let device = Device::flex();
     let baseline = measure(StepOptimizer::AdamW, &device);
     let in_backward = measure(StepOptimizer::InBackwardAdamW, &device);
     let activations = in_backward.saved_activations;
     assert_no_gradient_pool(&baseline, &in_backward, activations, "flex, AdamW");
+}
+
+/// Through burn-train's Learner (the project's `train`, which runs `InBackwardTraining`) a step
+/// holds what it holds in the plain loop; Burn's own loop would keep the old weights beside
+/// their updates, as the Learner with AdamW after backward keeps the gradient pool.
+#[test]
+fn the_learner_keeps_the_in_backward_gain() {
+    let _turn = common::take_turn();
+    let device = Device::flex();
+    let plain = measure(StepOptimizer::InBackwardFusedAdamW, &device);
+    let learner = learner_peak(StepOptimizer::InBackwardFusedAdamW, &device);
+    let peak = plain.pools.peak;
+    eprintln!("flex, FusedAdamW: learner in backward {learner}, plain loop {peak}");
+    let ratio = learner as f64 / peak as f64;
+    assert!(
+        (0.95..=1.05).contains(&ratio),
+        "the Learner's in-backward step peak {learner} is {ratio:.3}× the plain loop's {peak}"
+    );
+    // The reading sees the gradient pool when it is there: one f32 per (dense) parameter.
+    let pool = plain.pools.parameters;
+    let learner_baseline = learner_peak(StepOptimizer::AdamW, &device);
+    eprintln!("flex: learner baseline {learner_baseline}");
+    assert!(
+        learner_baseline.saturating_sub(learner) as f64 >= 0.5 * pool as f64,
+        "the Learner's baseline step peak {learner_baseline} should hold the gradient pool \
+         ({pool}) above the in-backward one's {learner}"
+    );
 }
 
 /// Names the stack a child process measures, for [`measure_one_wgpu_stack`].
@@ -92,45 +160,79 @@ fn an_in_backward_step_holds_no_gradient_pool_on_wgpu() {
         eprintln!("no wgpu device: nothing to measure");
         return;
     }
-    let child = |stack: &str| -> StepMeasurement {
-        let output = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "measure_one_wgpu_stack",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-            ])
-            .env(STACK_VARIABLE, stack)
-            .output()
-            .expect("the test binary runs again");
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let report = stdout
-            .lines()
-            .find_map(|line| line.strip_prefix(REPORT_PREFIX));
-        let Some(report) = report.filter(|_| output.status.success()) else {
-            panic!(
-                "measuring {stack} failed:\n{stdout}\n{}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        };
-        parse_report(report)
-    };
-    let baseline = child("baseline");
-    let in_backward = child("in-backward-fused-adamw");
+    let baseline = parse_report(&wgpu_child("baseline"));
+    let in_backward = parse_report(&wgpu_child("in-backward-fused-adamw"));
     let activations = baseline.pools.activations_and_workspace;
     assert_no_gradient_pool(&baseline, &in_backward, activations, "wgpu, FusedAdamW");
+}
+
+#[test]
+fn the_learner_keeps_the_in_backward_gain_on_wgpu() {
+    if common::devices().len() < 2 {
+        eprintln!("no wgpu device: nothing to measure");
+        return;
+    }
+    // A Cube pool's peak is a high-water mark of reserved pages that cannot be reset, and a
+    // reading above a start depends on what that start held. So one child runs the plain loop,
+    // then the Learner, and reports the pools' high-water mark after the plain steps and after
+    // the Learner's steps: the Learner's must not raise the plain loop's by more than 5%.
+    let report = wgpu_child("plain-then-learner");
+    let marks: Vec<u64> = report.split(' ').map(|n| n.parse().unwrap()).collect();
+    let (plain, learner) = (marks[0], marks[1]);
+    eprintln!(
+        "wgpu, FusedAdamW: high-water after the plain steps {plain}, after the Learner's {learner}"
+    );
+    assert!(
+        learner as f64 <= 1.05 * plain as f64,
+        "the Learner's steps raised the pools' high-water mark from {plain} to {learner}"
+    );
+}
+
+/// Runs [`measure_one_wgpu_stack`] for `stack` in a child process and returns its report.
+fn wgpu_child(stack: &str) -> String {
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "measure_one_wgpu_stack",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(STACK_VARIABLE, stack)
+        .output()
+        .expect("the test binary runs again");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix(REPORT_PREFIX));
+    match report.filter(|_| output.status.success()) {
+        Some(report) => report.to_owned(),
+        None => panic!(
+            "measuring {stack} failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    }
 }
 
 #[test]
 #[ignore = "a child process of an_in_backward_step_holds_no_gradient_pool_on_wgpu"]
 fn measure_one_wgpu_stack() {
     let stack = std::env::var(STACK_VARIABLE).expect("run by the wgpu memory test");
-    let optimizer = match stack.as_str() {
-        "baseline" => StepOptimizer::AdamW,
-        "in-backward-fused-adamw" => StepOptimizer::InBackwardFusedAdamW,
+    let (through_learner, optimizer) = match stack.as_str() {
+        "baseline" => (false, StepOptimizer::AdamW),
+        "in-backward-fused-adamw" => (false, StepOptimizer::InBackwardFusedAdamW),
+        "plain-then-learner" => (true, StepOptimizer::InBackwardFusedAdamW),
         other => panic!("unknown stack {other}"),
     };
     let device = burn_memwall::DeviceChoice::Wgpu.device().unwrap();
+    if through_learner {
+        let meter = burn_memwall::memory::MemoryMeter::new(&device);
+        measure(optimizer, &device);
+        let plain = meter.peak_bytes();
+        let report = learner_run(optimizer, &device);
+        let learner = report.step_memory.peak_bytes + report.live_before_bytes;
+        println!("{REPORT_PREFIX}{plain} {learner}");
+        return;
+    }
     let measured = measure(optimizer, &device);
     let pools = measured.pools;
     println!(

@@ -96,3 +96,46 @@ fn a_baseline_step_holds_its_logits_and_scales_with_the_batch() {
         "activations grow with the batch: ×{growth:.2}"
     );
 }
+
+/// The reversible LM (full-width couplings, flash attention, the fused loss) leaves its forward
+/// pass's saved activations flat in depth; the same model with standard blocks grows with it.
+#[test]
+fn the_reversible_model_saves_the_same_activations_at_any_depth() {
+    use burn_memwall_models::lm::{AttentionKind, BlockKind, LossKind};
+    let _turn = common::take_turn(); // peak readings are process-wide
+    let device = Device::flex();
+    let seq = 64;
+    let tokens = TextTokenizer::byte_level().encode(DEFAULT_CORPUS).unwrap();
+    let windows: Vec<Vec<u32>> = tokens.chunks_exact(seq + 1).map(<[u32]>::to_vec).collect();
+    let saved = |blocks, depth| {
+        let config = LmConfig::new(256, 64, depth, 4, 2, 128, seq)
+            .with_attention(AttentionKind::Flash)
+            .with_loss(LossKind::Fused)
+            .with_blocks(blocks);
+        measure_steps(
+            &config,
+            StepOptimizer::AdamW,
+            &windows,
+            4,
+            3,
+            1e-3,
+            7,
+            &device,
+        )
+        .unwrap()
+        .saved_activations as f64
+    };
+    let reversible = saved(BlockKind::Reversible, 8) / saved(BlockKind::Reversible, 2);
+    let standard = saved(BlockKind::Standard, 8) / saved(BlockKind::Standard, 2);
+    eprintln!(
+        "saved activations, depth 2 → 8: reversible ×{reversible:.2}, standard ×{standard:.2}"
+    );
+    assert!(
+        reversible <= 1.2,
+        "reversible: ×{reversible:.2} for ×4 depth"
+    );
+    assert!(
+        standard >= 2.5,
+        "the measurement must see the standard blocks grow: ×{standard:.2}"
+    );
+}

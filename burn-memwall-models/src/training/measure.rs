@@ -3,47 +3,19 @@
 use std::time::Instant;
 
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::optim::{AdamWConfig, ModuleOptimizer, SgdConfig};
+use burn::optim::ModuleOptimizer;
 use burn::prelude::*;
 use burn_memwall::memory::{MemoryMeter, PoolBreakdown};
 use burn_memwall::optim::in_backward::train_step;
-use burn_memwall::optim::{FusedAdamWConfig, FusedSgdConfig, InBackward};
 
 use crate::Error;
 use crate::data::LmBatcher;
 use crate::lm::{LanguageModel, LmConfig};
 
-/// Which optimizer updates the model, and when.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StepOptimizer {
-    /// Burn's AdamW after backward: the baseline.
-    AdamW,
-    /// AdamW applied during backward by [`InBackward`].
-    InBackwardAdamW,
-    /// burn-memwall's in-place [`FusedAdamW`](burn_memwall::optim::FusedAdamW) applied during
-    /// backward.
-    InBackwardFusedAdamW,
-    /// Plain SGD (no state) applied during backward by [`InBackward`].
-    InBackwardSgd,
-    /// burn-memwall's in-place [`FusedSgd`](burn_memwall::optim::FusedSgd) (momentum 0.9,
-    /// dampening 0.1) applied during backward.
-    InBackwardFusedSgd,
-}
+use super::StepOptimizer;
 
-impl StepOptimizer {
-    fn init(self) -> ModuleOptimizer {
-        match self {
-            Self::AdamW | Self::InBackwardAdamW => AdamWConfig::new().init(),
-            Self::InBackwardFusedAdamW => FusedAdamWConfig::new().init(),
-            Self::InBackwardSgd => SgdConfig::new().init(),
-            Self::InBackwardFusedSgd => FusedSgdConfig::new().init(),
-        }
-    }
-
-    fn in_backward(self) -> Option<InBackward> {
-        (self != Self::AdamW).then(InBackward::new)
-    }
-}
+/// AdamW's weight decay in the measured steps (it changes no pool).
+const WEIGHT_DECAY: f32 = 0.01;
 
 /// What a few training steps of one stack measured.
 #[derive(Clone, Copy, Debug)]
@@ -53,7 +25,9 @@ pub struct StepMeasurement {
     /// time); `persistent` is measured after the last step.
     pub pools: PoolBreakdown,
     /// What the forward pass leaves alive for the backward pass (saved activations and the
-    /// graph), measured at the loss: the most over the steps.
+    /// graph), measured at the loss: the most over the timed steps. (The warm-up step's
+    /// forward can keep one-time allocations: a reversible chain's first training forward, for
+    /// one, keeps about its couplings' parameter bytes more.)
     pub saved_activations: u64,
     /// Tokens per second over every step but the first (a warm-up).
     pub tokens_per_s: f64,
@@ -110,7 +84,7 @@ pub fn measure_steps(
         StepOptimizer::AdamW => sizes.trained_bytes,
         _ => sizes.largest_trained_bytes,
     };
-    let mut optimizer = optimizer.init();
+    let mut optimizer = optimizer.init(WEIGHT_DECAY);
     let parameter_bytes = sizes.bytes;
 
     let (mut peak, mut saved_activations) = (0u64, 0u64);
@@ -122,8 +96,10 @@ pub fn measure_steps(
         let started = Instant::now();
         let before_forward = meter.live_bytes();
         let step_loss = model.loss(batch.inputs, batch.targets);
-        saved_activations =
-            saved_activations.max(meter.live_bytes().saturating_sub(before_forward));
+        if step > 0 {
+            saved_activations =
+                saved_activations.max(meter.live_bytes().saturating_sub(before_forward));
+        }
         model = update(model, &mut optimizer, step_loss.clone(), learning_rate);
         loss = step_loss.into_scalar::<f32>();
         // The loss is ready before the backward pass and the update are: wait for them too.
@@ -166,7 +142,7 @@ fn warm_up_runtime(
         .init(device)?
         .with_in_backward(optimizer.in_backward());
     let loss = model.loss(batch.inputs, batch.targets);
-    update(model, &mut optimizer.init(), loss, 1e-3);
+    update(model, &mut optimizer.init(WEIGHT_DECAY), loss, 1e-3);
     Ok(())
 }
 
@@ -183,7 +159,7 @@ fn update(
 }
 
 /// What a model's parameters hold, in bytes of their own types.
-struct ParameterSizes {
+pub(super) struct ParameterSizes {
     /// Every parameter and buffer: weights, and the codes and statistics of counter linears.
     bytes: u64,
     /// The float parameters that train (those the optimizer steps and that get a gradient).
@@ -195,7 +171,7 @@ struct ParameterSizes {
 /// sizes. Burn initializes parameters lazily, at their first read: left to the first forward
 /// pass, the draw order (and so the weights) would depend on the stack, and the first step
 /// would count the weights as activations.
-fn initialize_parameters(model: &LanguageModel) -> ParameterSizes {
+pub(super) fn initialize_parameters(model: &LanguageModel) -> ParameterSizes {
     struct Sizes(ParameterSizes);
     impl ModuleVisitor for Sizes {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {

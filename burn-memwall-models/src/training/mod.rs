@@ -3,23 +3,28 @@
 
 mod loader;
 mod measure;
+mod optimizer;
 mod progress;
+mod stack;
 mod step;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use burn::config::Config;
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::module::Module;
-use burn::optim::AdamWConfig;
 use burn::prelude::*;
 use burn::train::metric::LossMetric;
-use burn::train::{ExecutionStrategy, Learner, SupervisedTraining};
-use burn_memwall::optim::InBackward;
+use burn::train::{Learner, SupervisedTraining, TrainingStrategy};
+use burn_memwall::memory::MemoryMeter;
+use burn_memwall::optim::{InBackwardTraining, StepMemory};
 
 pub use loader::EpochLoader;
-pub use measure::{StepMeasurement, StepOptimizer, measure_steps};
+pub use measure::{StepMeasurement, measure_steps};
+pub use optimizer::StepOptimizer;
 pub use progress::{EpochRecord, ProgressRenderer};
+pub use stack::Stack;
 pub use step::{LmOutput, MeanLoss, PerplexityFromLoss};
 
 use crate::Error;
@@ -47,12 +52,10 @@ pub struct TrainingConfig {
     /// AdamW decoupled weight decay.
     #[config(default = 0.01)]
     pub weight_decay: f32,
-    /// Apply AdamW during backward ([`burn_memwall::optim::InBackward`]): the same updates,
-    /// without a gradient pool. The Learner keeps its own handle on the weights while it
-    /// optimizes, so here each new weight is made beside the old one and the peak does not
-    /// fall yet (see the `InBackward` docs).
-    #[config(default = false)]
-    pub in_backward: bool,
+    /// The optimizer, and whether it steps during backward
+    /// ([`burn_memwall::optim::InBackward`]: the same updates, without a gradient pool).
+    #[config(default = "StepOptimizer::AdamW")]
+    pub optimizer: StepOptimizer,
     /// Seeds the weights and the data order.
     #[config(default = 42)]
     pub seed: u64,
@@ -73,6 +76,11 @@ pub struct RunConfig {
 pub struct TrainReport {
     /// One record per epoch trained by this run (not the resumed-from ones).
     pub epochs: Vec<EpochRecord>,
+    /// What the training steps held, above what was live before the run: the highest step
+    /// peak and the persistent state after the last step (see [`StepMemory`]'s units).
+    pub step_memory: StepMemory,
+    /// What was live before the run built its model, in the same units.
+    pub live_before_bytes: u64,
     /// The trained model (on the device, without autodiff).
     pub model: LanguageModel,
 }
@@ -97,10 +105,13 @@ impl Artifacts {
         self.dir.join("run.json")
     }
 
+    /// Where burn-train's default checkpointers write.
+    fn checkpoint_folder(&self) -> PathBuf {
+        self.dir.join("checkpoint")
+    }
+
     fn checkpoint(&self, kind: &str, epoch: usize) -> PathBuf {
-        self.dir
-            .join("checkpoint")
-            .join(format!("{kind}-{epoch}.bpk"))
+        self.checkpoint_folder().join(format!("{kind}-{epoch}.bpk"))
     }
 
     /// Where the final weights are exported.
@@ -124,7 +135,7 @@ impl Artifacts {
     /// The last epoch whose model, optimizer and scheduler were all written. The Learner writes
     /// the three on separate threads, so after a crash only some may exist for the last epoch.
     pub fn last_complete_epoch(&self) -> Option<usize> {
-        let entries = std::fs::read_dir(self.dir.join("checkpoint")).ok()?;
+        let entries = std::fs::read_dir(self.checkpoint_folder()).ok()?;
         entries
             .filter_map(|e| {
                 let name = e.ok()?.file_name().into_string().ok()?;
@@ -191,10 +202,15 @@ pub fn train(
         )));
     }
 
+    let meter = MemoryMeter::new(device);
+    let live_before = meter.live_bytes();
     device.seed(training.seed);
     let model = model_config
         .init(&device.clone().autodiff())?
-        .with_in_backward(training.in_backward.then(InBackward::new));
+        .with_in_backward(training.optimizer.in_backward());
+    // Drawn now, in the model's order, rather than at their first read inside the first step,
+    // where they would be allocated between its activations.
+    measure::initialize_parameters(&model);
     let train_loader = DataLoaderBuilder::new(LmBatcher)
         .batch_size(training.batch_size)
         .shuffle(training.seed)
@@ -211,22 +227,32 @@ pub fn train(
         .build(valid_windows);
 
     let (renderer, records) = ProgressRenderer::new(training.seq_len, quiet);
+    let optimizer = training.optimizer.init(training.weight_decay);
+    // burn-train's own loop keeps a second handle on the model while it optimizes, which
+    // would hold every old weight beside its in-backward update.
+    let strategy = Arc::new(
+        InBackwardTraining::new(device.clone(), optimizer.clone(), training.learning_rate)
+            .with_checkpoints(artifacts.checkpoint_folder())
+            .with_step_memory(meter.clone()),
+    );
     let mut builder = SupervisedTraining::new(artifacts.dir(), train_loader, valid_loader)
         .metrics((LossMetric::new(), PerplexityFromLoss::default()))
         .with_default_checkpointers()
-        .with_training_strategy(ExecutionStrategy::single(device.clone()).into())
+        .with_training_strategy(TrainingStrategy::Custom(strategy.clone()))
         .renderer(Box::new(renderer))
         .num_epochs(training.epochs);
     if start_epoch > 0 {
         builder = builder.checkpoint(start_epoch);
     }
-    let optimizer = AdamWConfig::new()
-        .with_weight_decay(training.weight_decay)
-        .init();
     let result = builder.launch(Learner::new(model, optimizer, training.learning_rate));
     if let Some(error) = result.error {
         return Err(Error::Training(error.to_string()));
     }
+    let steps = strategy.step_memory().unwrap_or_default();
+    let step_memory = StepMemory {
+        peak_bytes: steps.peak_bytes.saturating_sub(live_before),
+        live_bytes: steps.live_bytes.saturating_sub(live_before),
+    };
     let epochs = records.lock().expect("records lock").clone();
     if let Some(diverged) = epochs
         .iter()
@@ -240,6 +266,8 @@ pub fn train(
     save_safetensors(&result.model, artifacts.weights())?;
     Ok(TrainReport {
         epochs,
+        step_memory,
+        live_before_bytes: live_before,
         model: result.model,
     })
 }
@@ -302,7 +330,7 @@ fn check_resumable(
     let epoch = artifacts
         .last_complete_epoch()
         .ok_or_else(|| Error::Checkpoint {
-            path: artifacts.dir().join("checkpoint"),
+            path: artifacts.checkpoint_folder(),
             reason:
                 "no complete checkpoint (model, optim and scheduler of one epoch) to resume from"
                     .into(),

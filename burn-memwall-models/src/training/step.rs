@@ -26,10 +26,13 @@ pub struct LmOutput {
 }
 
 impl ItemLazy for LmOutput {
+    /// Reads the loss to the host: the metrics then read a host copy on their own thread and
+    /// never touch the device from there (on a Cube device, a thread that reads opens a stream
+    /// whose memory pools are its own).
     fn sync(self) -> Result<Self, ExecutionError> {
-        self.loss.device().flush()?;
+        let loss = self.loss.without_autodiff().try_into_data()?;
         Ok(Self {
-            loss: self.loss.without_autodiff(),
+            loss: Tensor::from_data(loss, &Device::flex()),
             tokens: self.tokens,
         })
     }

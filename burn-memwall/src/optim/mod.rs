@@ -1,7 +1,8 @@
 //! Optimizers that change *when* and *where* a step happens, not its math.
 //!
 //! - [`InBackward`]: applies a `ModuleOptimizer`'s per-parameter step during `backward()`, as
-//!   soon as each parameter's gradient is complete, and frees that gradient.
+//!   soon as each parameter's gradient is complete, and frees that gradient;
+//!   [`InBackwardTraining`] keeps that gain through burn-train's `Learner`.
 //! - [`FusedAdamW`], [`FusedSgd`] (with momentum), [`FusedLion`]: Burn's AdamW, SGD and Lion
 //!   with each per-parameter step fused into one in-place pass.
 
@@ -13,7 +14,7 @@ pub mod in_backward;
 pub use fused_adamw::{FusedAdamW, FusedAdamWConfig};
 pub use fused_lion::{FusedLion, FusedLionConfig};
 pub use fused_sgd::{FusedSgd, FusedSgdConfig, FusedSgdState};
-pub use in_backward::{InBackward, InBackwardError, StepCounts};
+pub use in_backward::{InBackward, InBackwardError, InBackwardTraining, StepCounts, StepMemory};
 
 use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::optim::{ModuleOptimizer, Optimizer};

@@ -33,9 +33,10 @@
 //! tensor (the new weights, made before the old ones are freed), on Cube several; with
 //! [`FusedAdamW`](crate::optim::FusedAdamW), [`FusedSgd`](crate::optim::FusedSgd) or
 //! [`FusedLion`](crate::optim::FusedLion), which write in place, none. This needs the step to
-//! own the only handle on the weights: a clone of the model kept elsewhere (or burn-train's
-//! `Learner`, which keeps one while it optimizes) makes every update be written beside the old
-//! weights.
+//! own the only handle on the weights: a clone of the model kept elsewhere makes every update
+//! be written beside the old weights (and leaves that clone as it was). burn-train's default
+//! loop is such a case, since its `Learner` keeps its copy while it optimizes; train through
+//! [`InBackwardTraining`] instead, which holds the model alone.
 //!
 //! # What cannot work in backward
 //! - Gradient accumulation: a parameter is updated as soon as one batch's gradient is complete,
@@ -47,6 +48,7 @@
 //!   of it never runs.
 
 mod hook;
+mod learner;
 mod param_at_path;
 
 use std::collections::HashMap;
@@ -62,6 +64,8 @@ use burn::tensor::kind::BridgeTensor;
 
 use hook::{HookContext, ParamHookBackend};
 use param_at_path::ParamAtPath;
+
+pub use learner::{InBackwardTraining, StepMemory};
 
 /// Why an in-backward step could not run.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
