@@ -441,7 +441,7 @@ fn plot_pools(
     const GIB: f64 = (1u64 << 30) as f64;
     const HEIGHT: u32 = 520;
     let tallest = rows.iter().map(|r| r.peak_bytes).max().unwrap_or(1) as f64 / GIB;
-    let width = 200 + 110 * rows.len().max(1) as u32;
+    let width = (200 + 110 * rows.len() as u32).max(640);
     let root = SVGBackend::new(path, (width, HEIGHT)).into_drawing_area();
     root.fill(&WHITE)?;
     let caption = match rows.first() {
@@ -459,7 +459,11 @@ fn plot_pools(
         .margin(12)
         .x_label_area_size(40 + 16 * unfit.len() as u32)
         .y_label_area_size(60)
-        .build_cartesian_2d((0..rows.len().max(1)).into_segmented(), 0.0..tallest * 1.3)?;
+        // One segment per row: a segmented `0..n` has n + 1 segments.
+        .build_cartesian_2d(
+            (0..rows.len().max(1) - 1).into_segmented(),
+            0.0..tallest * 1.3,
+        )?;
     let names: Vec<String> = rows.iter().map(|r| r.stack.clone()).collect();
     chart
         .configure_mesh()
