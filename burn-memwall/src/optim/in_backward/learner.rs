@@ -13,7 +13,7 @@
 //! resume.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use burn::data::dataloader::{DataLoader, Progress};
 use burn::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
@@ -69,7 +69,7 @@ pub struct InBackwardTraining {
     /// back on a resume.
     checkpoints: Option<PathBuf>,
     meter: Option<MemoryMeter>,
-    memory: Arc<Mutex<Option<StepMemory>>>,
+    memory: Mutex<Option<StepMemory>>,
 }
 
 impl InBackwardTraining {
@@ -90,7 +90,7 @@ impl InBackwardTraining {
             owned: Mutex::new(Some((optimizer, scheduler.into()))),
             checkpoints: None,
             meter: None,
-            memory: Arc::default(),
+            memory: Mutex::default(),
         }
     }
 
