@@ -17,7 +17,9 @@ use burn_memwall_models::data::{TextTokenizer, load_text};
 use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, PRESETS, human_count,
 };
-use burn_memwall_models::training::{Artifacts, RunConfig, Stack, TrainingConfig, train};
+use burn_memwall_models::training::{
+    Artifacts, LossCurve, RunConfig, Stack, TrainingConfig, train,
+};
 use clap::{Parser, ValueEnum};
 
 #[global_allocator]
@@ -115,6 +117,9 @@ struct Args {
     /// Cap on training batches per epoch.
     #[arg(long)]
     steps_per_epoch: Option<usize>,
+    /// Cap on validation batches after each epoch.
+    #[arg(long)]
+    validation_steps: Option<usize>,
     #[arg(long, default_value_t = 3e-3)]
     lr: f64,
     #[arg(long, default_value_t = 42)]
@@ -183,6 +188,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .with_batch_size(args.batch)
         .with_epochs(args.epochs)
         .with_max_steps_per_epoch(args.steps_per_epoch)
+        .with_max_validation_steps(args.validation_steps)
         .with_learning_rate(args.lr)
         .with_optimizer(optimizer)
         .with_seed(args.seed);
@@ -202,6 +208,15 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         model.blocks,
         model.linear,
         optimizer
+    );
+    let caption = format!(
+        "{} ({} parameters), stack {}, seq {}, batch {}, {}",
+        args.model,
+        human_count(model.param_count()),
+        stack.name(),
+        args.seq,
+        args.batch,
+        describe(&device)
     );
 
     let artifacts = Artifacts::new(&args.artifacts);
@@ -245,6 +260,69 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         started.elapsed().as_secs_f64()
     );
     println!("  weights                {}", artifacts.weights().display());
+    let plot = artifacts.dir().join("loss.svg");
+    plot_loss(&artifacts.loss_curve()?, &caption, &plot)?;
+    println!("  loss curve             {}", plot.display());
+    Ok(())
+}
+
+/// The loss of every step of the run (resumed parts included) and each epoch's validation loss.
+fn plot_loss(
+    curve: &LossCurve,
+    caption: &str,
+    path: &std::path::Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    let steps = curve.train.len().max(1) as f64;
+    let losses = curve
+        .train
+        .iter()
+        .chain(&curve.valid)
+        .map(|&(_, loss)| loss);
+    let highest = losses.fold(0.0, f64::max).max(1e-3);
+    let root = SVGBackend::new(path, (720, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", 16))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..steps, 0.0..highest * 1.05)?;
+    chart
+        .configure_mesh()
+        .x_desc("training step")
+        .x_label_formatter(&|step| format!("{step:.0}"))
+        .y_desc("loss (nats per token)")
+        .draw()?;
+    let train_color = RGBColor(31, 119, 180);
+    chart
+        .draw_series(LineSeries::new(
+            curve.train.iter().map(|&(step, loss)| (step as f64, loss)),
+            train_color,
+        ))?
+        .label("train (each step)")
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], train_color));
+    let valid_color = RGBColor(214, 39, 40);
+    chart
+        .draw_series(LineSeries::new(
+            curve.valid.iter().map(|&(step, loss)| (step as f64, loss)),
+            valid_color.stroke_width(2),
+        ))?
+        .label("validation (each epoch)")
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], valid_color));
+    chart.draw_series(
+        curve
+            .valid
+            .iter()
+            .map(|&(step, loss)| Circle::new((step as f64, loss), 3, valid_color.filled())),
+    )?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
     Ok(())
 }
 

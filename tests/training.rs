@@ -21,6 +21,8 @@ fn run_config(epochs: usize) -> RunConfig {
         .with_batch_size(8)
         .with_epochs(epochs)
         .with_max_steps_per_epoch(Some(12))
+        // Of the corpus' 6 validation batches.
+        .with_max_validation_steps(Some(3))
         .with_learning_rate(1e-2);
     RunConfig::new(model_config(), training)
 }
@@ -107,6 +109,55 @@ fn loss_falls_well_below_uniform_and_resume_continues_exactly() {
             );
         }
         assert!(artifacts.weights().exists());
+
+        let validation_log =
+            std::fs::read_to_string(artifacts.dir().join("valid/epoch-3/Loss.log")).unwrap();
+        assert_eq!(
+            validation_log
+                .lines()
+                .filter(|line| !line.ends_with(",final"))
+                .count(),
+            3,
+            "validation is capped at 3 batches:\n{validation_log}"
+        );
+
+        // The curve of the resumed run holds its whole history, step by step.
+        let curve = artifacts.loss_curve().unwrap();
+        let uninterrupted = Artifacts::new(uninterrupted_dir.path())
+            .loss_curve()
+            .unwrap();
+        assert_eq!(curve.train.len(), 36, "3 epochs of 12 steps");
+        assert_eq!(
+            curve
+                .valid
+                .iter()
+                .map(|&(step, _)| step)
+                .collect::<Vec<_>>(),
+            [12, 24, 36]
+        );
+        for ((step, got), (want_step, want)) in curve
+            .train
+            .iter()
+            .chain(&curve.valid)
+            .zip(uninterrupted.train.iter().chain(&uninterrupted.valid))
+        {
+            assert_eq!(step, want_step);
+            assert!(
+                (got - want).abs() <= tolerance * want,
+                "step {step}: resumed {got} vs uninterrupted {want} on {device:?}"
+            );
+        }
+        for (epoch, record) in full.epochs.iter().enumerate() {
+            let steps = &uninterrupted.train[12 * epoch..12 * (epoch + 1)];
+            let mean = steps.iter().map(|&(_, loss)| loss).sum::<f64>() / 12.0;
+            assert!(
+                (mean - record.train_loss).abs() <= 1e-6 * record.train_loss,
+                "epoch {}: mean of the steps {mean} vs the epoch's loss {}",
+                record.epoch,
+                record.train_loss
+            );
+            assert_eq!(uninterrupted.valid[epoch].1, record.valid_loss);
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! Training the reference model through burn-train's `Learner`, with checkpoints every epoch and
 //! an exact `--resume`.
 
+mod curve;
 mod loader;
 mod measure;
 mod optimizer;
@@ -20,6 +21,7 @@ use burn::train::{Learner, SupervisedTraining, TrainingStrategy};
 use burn_memwall::memory::MemoryMeter;
 use burn_memwall::optim::{InBackwardTraining, StepMemory};
 
+pub use curve::LossCurve;
 pub use loader::EpochLoader;
 pub use measure::{StepMeasurement, measure_steps};
 pub use optimizer::StepOptimizer;
@@ -46,6 +48,8 @@ pub struct TrainingConfig {
     pub epochs: usize,
     /// Stop each epoch's training split after this many batches.
     pub max_steps_per_epoch: Option<usize>,
+    /// Cap on validation batches after each epoch (the same first batches every epoch).
+    pub max_validation_steps: Option<usize>,
     /// AdamW learning rate (constant).
     #[config(default = 3e-3)]
     pub learning_rate: f64,
@@ -117,6 +121,15 @@ impl Artifacts {
     /// Where the final weights are exported.
     pub fn weights(&self) -> PathBuf {
         self.dir.join("model.safetensors")
+    }
+
+    /// The loss of every training step and every epoch's validation loss, over all the
+    /// checkpointed epochs of the run (resumed parts included).
+    ///
+    /// # Errors
+    /// If the metric log of a checkpointed epoch is missing or unreadable.
+    pub fn loss_curve(&self) -> Result<LossCurve, Error> {
+        LossCurve::read(&self.dir, self.last_complete_epoch().unwrap_or(0))
     }
 
     /// Clears what an earlier run left (so a later resume cannot pick up its checkpoints) and
@@ -225,6 +238,13 @@ pub fn train(
     let valid_loader = DataLoaderBuilder::new(LmBatcher)
         .batch_size(training.batch_size)
         .build(valid_windows);
+    let valid_loader = EpochLoader::new(
+        valid_loader,
+        training
+            .max_validation_steps
+            .map(|steps| steps * training.batch_size),
+        0,
+    );
 
     let (renderer, records) = ProgressRenderer::new(training.seq_len, quiet);
     let optimizer = training.optimizer.init(training.weight_decay);
