@@ -1,5 +1,6 @@
 //! The runtime device choice shared by every program.
 
+use burn::prelude::Device;
 use burn_memwall::{DeviceChoice, DeviceError};
 
 #[test]
@@ -26,7 +27,7 @@ fn unknown_names_list_the_valid_ones() {
 }
 
 #[test]
-fn the_command_line_wins_over_burn_device() {
+fn the_command_line_wins_over_burn_device_and_the_started_device_becomes_burns_default() {
     // Only this test touches BURN_DEVICE in this binary.
     unsafe { std::env::set_var("BURN_DEVICE", "wgpu") };
     assert_eq!(
@@ -44,6 +45,15 @@ fn the_command_line_wins_over_burn_device() {
         DeviceChoice::from_arg_or_env(None).unwrap(),
         DeviceChoice::Auto
     );
+
+    // The started device becomes Burn's default, which Burn reads from BURN_DEVICE: "auto"
+    // there made Burn panic, and with wgpu compiled in its default was not Flex.
+    unsafe { std::env::set_var("BURN_DEVICE", "auto") };
+    let device = unsafe { DeviceChoice::Flex.start_as_default() }.unwrap();
+    assert_eq!(device, Device::flex());
+    assert_eq!(Device::default(), Device::flex());
+    assert_eq!(std::env::var("BURN_DEVICE").unwrap(), "flex");
+    unsafe { std::env::remove_var("BURN_DEVICE") };
 }
 
 #[test]

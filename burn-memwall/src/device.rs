@@ -96,6 +96,38 @@ impl DeviceChoice {
         }
     }
 
+    /// [`Self::device`], made Burn's default device for the rest of the process as well.
+    ///
+    /// Burn 0.22.1 places some tensors on `Device::default()` whatever device a model trains
+    /// on: a loaded optimizer record (`ModuleOptimizer::load_record`), and the batches of a data
+    /// loader built without `set_device`. It reads that default from `BURN_DEVICE` at every
+    /// call, so this sets `BURN_DEVICE` to the device's name; `Auto` sets each candidate before
+    /// trying it. Without this, a binary built with `wgpu` that trains on Flex loads a resumed
+    /// run's optimizer state into wgpu's memory.
+    ///
+    /// # Safety
+    /// It writes the process environment, so no other thread may read or write the environment
+    /// meanwhile: call it at the start of `main`, before anything starts a thread. (With `Auto`,
+    /// a candidate that fails to start may leave threads behind before the next is set.)
+    pub unsafe fn start_as_default(self) -> Result<Device, DeviceError> {
+        let candidates = if self == Self::Auto {
+            Self::compiled()
+        } else {
+            vec![self]
+        };
+        let mut error = DeviceError::Unavailable(Self::Flex);
+        for choice in candidates {
+            // SAFETY: the caller's contract.
+            unsafe { std::env::set_var("BURN_DEVICE", choice.to_string()) };
+            match choice.device() {
+                Ok(device) => return Ok(device),
+                Err(failed) if self != Self::Auto => error = failed,
+                Err(_) => {}
+            }
+        }
+        Err(error)
+    }
+
     #[allow(unreachable_code)] // every arm but one is cfg'd out in a single-backend build
     fn construct(self) -> Option<Device> {
         Some(match self {
