@@ -18,7 +18,7 @@ use burn_memwall_models::data::{TextTokenizer, load_text};
 use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, human_count,
 };
-use burn_memwall_models::training::{Stack as NamedStack, StepOptimizer, measure_steps};
+use burn_memwall_models::training::{Stack as NamedStack, StepOptimizer, Switches, measure_steps};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -71,127 +71,128 @@ struct Args {
     worker: Option<String>,
 }
 
-/// What a stack changes from the baseline.
+/// A row's name and what it turns on.
 #[derive(Clone)]
 struct Stack {
     name: &'static str,
-    /// burn-memwall's flash attention instead of Burn's.
-    flash_attention: bool,
-    /// The fused linear + cross-entropy instead of full logits.
-    fused_loss: bool,
-    optimizer: StepOptimizer,
-    blocks: BlockKind,
-    linear: LinearKind,
+    switches: Switches,
 }
 
-const fn stack(
-    name: &'static str,
-    flash_attention: bool,
-    fused_loss: bool,
-    optimizer: StepOptimizer,
-) -> Stack {
-    Stack {
-        name,
-        flash_attention,
-        fused_loss,
-        optimizer,
-        blocks: BlockKind::Standard,
-        linear: LinearKind::Dense,
-    }
+const BASELINE: Switches = NamedStack::Baseline.switches();
+const FLASH_FUSED: Switches = Switches {
+    attention: AttentionKind::Flash,
+    loss: LossKind::Fused,
+    ..BASELINE
+};
+
+const fn part(name: &'static str, switches: Switches) -> Stack {
+    Stack { name, switches }
 }
 
-/// `stack` with full-width reversible blocks: the same parameters in another architecture.
-const fn reversible(stack: Stack) -> Stack {
-    Stack {
-        blocks: BlockKind::Reversible,
-        ..stack
-    }
-}
-
-/// `stack` with the blocks' linears of `kind` (embeddings, norms and head stay dense).
-const fn with_linear(kind: LinearKind, stack: Stack) -> Stack {
-    Stack {
-        linear: kind,
-        ..stack
-    }
-}
-
-/// The rows of single parts and their combinations, reported after the named stacks.
+/// The rows of single parts and their combinations, reported after the named stacks. The
+/// reversible rows have the baseline's parameters in another architecture; the linear rows
+/// change the blocks' linears only (embeddings, norms and head stay dense).
 const PARTS: [Stack; 14] = [
-    stack("flash-attention", true, false, StepOptimizer::AdamW),
-    stack("fused-loss", false, true, StepOptimizer::AdamW),
-    stack("flash+fused", true, true, StepOptimizer::AdamW),
-    stack("in-backward", false, false, StepOptimizer::InBackwardAdamW),
-    stack(
+    part(
+        "flash-attention",
+        Switches {
+            attention: AttentionKind::Flash,
+            ..BASELINE
+        },
+    ),
+    part(
+        "fused-loss",
+        Switches {
+            loss: LossKind::Fused,
+            ..BASELINE
+        },
+    ),
+    part("flash+fused", FLASH_FUSED),
+    part(
+        "in-backward",
+        Switches {
+            optimizer: StepOptimizer::InBackwardAdamW,
+            ..BASELINE
+        },
+    ),
+    part(
         "in-backward-fused-adamw",
-        false,
-        false,
-        StepOptimizer::InBackwardFusedAdamW,
+        Switches {
+            optimizer: StepOptimizer::InBackwardFusedAdamW,
+            ..BASELINE
+        },
     ),
-    stack(
+    part(
         "in-backward-sgd",
-        false,
-        false,
-        StepOptimizer::InBackwardSgd,
+        Switches {
+            optimizer: StepOptimizer::InBackwardSgd,
+            ..BASELINE
+        },
     ),
-    stack(
+    part(
         "in-backward-fused-sgd",
-        false,
-        false,
-        StepOptimizer::InBackwardFusedSgd,
+        Switches {
+            optimizer: StepOptimizer::InBackwardFusedSgd,
+            ..BASELINE
+        },
     ),
-    stack(
+    part(
         "flash+fused+in-backward",
-        true,
-        true,
-        StepOptimizer::InBackwardAdamW,
+        Switches {
+            optimizer: StepOptimizer::InBackwardAdamW,
+            ..FLASH_FUSED
+        },
     ),
-    stack("all-fused", true, true, StepOptimizer::InBackwardFusedAdamW),
-    reversible(stack("reversible", false, false, StepOptimizer::AdamW)),
-    reversible(stack(
+    part(
+        "all-fused",
+        Switches {
+            optimizer: StepOptimizer::InBackwardFusedAdamW,
+            ..FLASH_FUSED
+        },
+    ),
+    part(
+        "reversible",
+        Switches {
+            blocks: BlockKind::Reversible,
+            ..BASELINE
+        },
+    ),
+    part(
         "reversible+flash+fused",
-        true,
-        true,
-        StepOptimizer::AdamW,
-    )),
-    with_linear(
-        LinearKind::Ternary,
-        stack("ternary", false, false, StepOptimizer::AdamW),
+        Switches {
+            blocks: BlockKind::Reversible,
+            ..FLASH_FUSED
+        },
     ),
-    with_linear(
-        LinearKind::Counter,
-        stack("counter", false, false, StepOptimizer::AdamW),
+    part(
+        "ternary",
+        Switches {
+            linear: LinearKind::Ternary,
+            ..BASELINE
+        },
     ),
-    with_linear(
-        LinearKind::Counter,
-        stack(
-            "counter+all-fused",
-            true,
-            true,
-            StepOptimizer::InBackwardFusedAdamW,
-        ),
+    part(
+        "counter",
+        Switches {
+            linear: LinearKind::Counter,
+            ..BASELINE
+        },
+    ),
+    part(
+        "counter+all-fused",
+        Switches {
+            linear: LinearKind::Counter,
+            optimizer: StepOptimizer::InBackwardFusedAdamW,
+            ..FLASH_FUSED
+        },
     ),
 ];
-
-/// A named stack of `train --stack` as a row.
-fn named(named: NamedStack) -> Stack {
-    let mut config = LmConfig::new(1, 1, 1, 1, 1, 1, 1);
-    let optimizer = named.apply(&mut config);
-    Stack {
-        name: named.name(),
-        flash_attention: config.attention == AttentionKind::Flash,
-        fused_loss: config.loss == LossKind::Fused,
-        optimizer,
-        blocks: config.blocks,
-        linear: config.linear,
-    }
-}
 
 /// Every stack memgate knows, in the order they are reported.
 fn stacks() -> Vec<Stack> {
     NamedStack::ALL
         .into_iter()
-        .map(named)
+        .map(|named| part(named.name(), named.switches()))
         .chain(PARTS.iter().cloned())
         .collect()
 }
@@ -364,14 +365,7 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
     let stack = find_stack(name)?;
     let device = DeviceChoice::from_arg_or_env(Some(&args.device))?.device()?;
     let mut config = LmConfig::preset(&args.model)?;
-    if stack.flash_attention {
-        config.attention = AttentionKind::Flash;
-    }
-    if stack.fused_loss {
-        config.loss = LossKind::Fused;
-    }
-    config.blocks = stack.blocks;
-    config.linear = stack.linear;
+    let optimizer = stack.switches.apply(&mut config);
     if let Some(tie) = args.tie_embeddings {
         config.tie_embeddings = tie;
     }
@@ -382,14 +376,7 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
         .map(<[u32]>::to_vec)
         .collect();
     let measured = measure_steps(
-        &config,
-        stack.optimizer,
-        &windows,
-        args.batch,
-        args.steps,
-        args.lr,
-        args.seed,
-        &device,
+        &config, optimizer, &windows, args.batch, args.steps, args.lr, args.seed, &device,
     )?;
     let pools = measured.pools;
     Ok(Row {

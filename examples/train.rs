@@ -146,7 +146,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if args.list_models {
         return list_models();
     }
-    let device = DeviceChoice::from_arg_or_env(Some(&args.device))?.device()?;
+    let choice = DeviceChoice::from_arg_or_env(Some(&args.device))?;
+    // SAFETY: only the arguments have been read; no thread has started.
+    let device = unsafe { choice.start_as_default() }?;
     let text = load_text(args.data.as_deref())?;
     let tokenizer = match (&args.tokenizer_file, args.tokenizer) {
         (Some(path), _) => TextTokenizer::from_file(path)?,
@@ -157,32 +159,33 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut model = LmConfig::preset(&args.model)?;
     model.vocab_size = tokenizer.vocab_size();
     let stack = Stack::from_name(&args.stack)?;
-    let optimizer = stack.apply(&mut model);
+    let mut switches = stack.switches();
     if let Some(attention) = args.attention {
-        model.attention = match attention {
+        switches.attention = match attention {
             AttentionArg::Burn => AttentionKind::Burn,
             AttentionArg::Flash => AttentionKind::Flash,
         };
     }
     if let Some(blocks) = args.blocks {
-        model.blocks = match blocks {
+        switches.blocks = match blocks {
             BlocksArg::Standard => BlockKind::Standard,
             BlocksArg::Reversible => BlockKind::Reversible,
         };
     }
     if let Some(linear) = args.linear {
-        model.linear = match linear {
+        switches.linear = match linear {
             LinearArg::Dense => LinearKind::Dense,
             LinearArg::Ternary => LinearKind::Ternary,
             LinearArg::Counter => LinearKind::Counter,
         };
     }
     if let Some(loss) = args.loss {
-        model.loss = match loss {
+        switches.loss = match loss {
             LossArg::Burn => LossKind::Burn,
             LossArg::Fused => LossKind::Fused,
         };
     }
+    let optimizer = switches.apply(&mut model);
     let training = TrainingConfig::new()
         .with_seq_len(args.seq)
         .with_batch_size(args.batch)

@@ -26,7 +26,7 @@ pub use loader::EpochLoader;
 pub use measure::{StepMeasurement, measure_steps};
 pub use optimizer::StepOptimizer;
 pub use progress::{EpochRecord, ProgressRenderer};
-pub use stack::Stack;
+pub use stack::{Stack, Switches};
 pub use step::{LmOutput, MeanLoss, PerplexityFromLoss};
 
 use crate::Error;
@@ -169,6 +169,11 @@ impl Artifacts {
 /// Trains `model_config` on `tokens` through the Learner on `device`, checkpointing each epoch
 /// into `artifacts`. With `resume`, continues from the last complete checkpoint there, giving
 /// the same losses as a run that was never interrupted.
+///
+/// On a resume Burn 0.22.1 loads the optimizer state onto its default device before the first
+/// step moves it to `device`: make `device` Burn's default
+/// ([`DeviceChoice::start_as_default`](burn_memwall::DeviceChoice::start_as_default)), or that
+/// state passes through another device's memory.
 pub fn train(
     run: &RunConfig,
     tokens: &[u32],

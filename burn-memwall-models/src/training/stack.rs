@@ -6,7 +6,7 @@ use crate::lm::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind};
 
 use super::StepOptimizer;
 
-/// A named set of switches. See [`Stack::apply`] for what each one sets.
+/// A named set of [`Switches`]: see [`Stack::switches`] for what each one sets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stack {
     /// Burn's own path: Burn's attention, full logits + `CrossEntropyLoss`, standard blocks,
@@ -56,22 +56,60 @@ impl Stack {
             })
     }
 
-    /// Sets the model's switches of this stack in `model` and returns its optimizer.
-    pub fn apply(self, model: &mut LmConfig) -> StepOptimizer {
-        let memwall = self != Self::Baseline;
-        (model.attention, model.loss, model.blocks) = if memwall {
-            (AttentionKind::Flash, LossKind::Fused, BlockKind::Reversible)
-        } else {
-            (AttentionKind::Burn, LossKind::Burn, BlockKind::Standard)
+    /// What this stack turns on.
+    pub const fn switches(self) -> Switches {
+        const BASELINE: Switches = Switches {
+            attention: AttentionKind::Burn,
+            loss: LossKind::Burn,
+            blocks: BlockKind::Standard,
+            linear: LinearKind::Dense,
+            optimizer: StepOptimizer::AdamW,
         };
-        model.linear = match self {
-            Self::MemwallCounter => LinearKind::Counter,
-            _ => LinearKind::Dense,
+        const MEMWALL: Switches = Switches {
+            attention: AttentionKind::Flash,
+            loss: LossKind::Fused,
+            blocks: BlockKind::Reversible,
+            linear: LinearKind::Dense,
+            optimizer: StepOptimizer::InBackwardFusedAdamW,
         };
         match self {
-            Self::Baseline => StepOptimizer::AdamW,
-            Self::Memwall | Self::MemwallCounter => StepOptimizer::InBackwardFusedAdamW,
-            Self::MemwallSgd => StepOptimizer::InBackwardSgd,
+            Self::Baseline => BASELINE,
+            Self::Memwall => MEMWALL,
+            Self::MemwallSgd => Switches {
+                optimizer: StepOptimizer::InBackwardSgd,
+                ..MEMWALL
+            },
+            Self::MemwallCounter => Switches {
+                linear: LinearKind::Counter,
+                ..MEMWALL
+            },
         }
+    }
+
+    /// Sets this stack's switches in `model` and returns its optimizer.
+    pub fn apply(self, model: &mut LmConfig) -> StepOptimizer {
+        self.switches().apply(model)
+    }
+}
+
+/// One choice for each part of the training path: what a stack is made of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Switches {
+    pub attention: AttentionKind,
+    pub loss: LossKind,
+    pub blocks: BlockKind,
+    /// The blocks' linears; embeddings, norms and head stay dense.
+    pub linear: LinearKind,
+    pub optimizer: StepOptimizer,
+}
+
+impl Switches {
+    /// Sets the model's switches in `model` and returns the optimizer.
+    pub fn apply(self, model: &mut LmConfig) -> StepOptimizer {
+        model.attention = self.attention;
+        model.loss = self.loss;
+        model.blocks = self.blocks;
+        model.linear = self.linear;
+        self.optimizer
     }
 }
