@@ -36,7 +36,7 @@ struct Args {
     run: common::RunArgs,
     #[arg(long, value_delimiter = ',', default_value = "8,32,128")]
     depths: Vec<usize>,
-    /// Width of the stream (each coupling works on half of it).
+    /// Width of each of the two streams (the model's `d_model`).
     #[arg(long, default_value_t = 256)]
     width: usize,
     #[arg(long, default_value_t = 256)]
