@@ -82,18 +82,7 @@ impl DeviceChoice {
     /// Starts the device, checking that it really runs a tensor op (so a missing GPU driver is
     /// an error here, not a panic in the middle of training).
     pub fn device(self) -> Result<Device, DeviceError> {
-        if self == Self::Auto {
-            return Self::compiled()
-                .into_iter()
-                .find_map(|choice| choice.device().ok())
-                .ok_or(DeviceError::Unavailable(Self::Flex));
-        }
-        let device = self.construct().ok_or(DeviceError::NotCompiled(self))?;
-        if runs_an_op(&device) {
-            Ok(device)
-        } else {
-            Err(DeviceError::Unavailable(self))
-        }
+        self.start_first(|_| {})
     }
 
     /// [`Self::device`], made Burn's default device for the rest of the process as well.
@@ -110,22 +99,34 @@ impl DeviceChoice {
     /// meanwhile: call it at the start of `main`, before anything starts a thread. (With `Auto`,
     /// a candidate that fails to start may leave threads behind before the next is set.)
     pub unsafe fn start_as_default(self) -> Result<Device, DeviceError> {
-        let candidates = if self == Self::Auto {
-            Self::compiled()
-        } else {
-            vec![self]
-        };
-        let mut error = DeviceError::Unavailable(Self::Flex);
-        for choice in candidates {
-            // SAFETY: the caller's contract.
-            unsafe { std::env::set_var("BURN_DEVICE", choice.to_string()) };
-            match choice.device() {
-                Ok(device) => return Ok(device),
-                Err(failed) if self != Self::Auto => error = failed,
-                Err(_) => {}
-            }
+        // SAFETY: the caller's contract.
+        self.start_first(|choice| unsafe { std::env::set_var("BURN_DEVICE", choice.to_string()) })
+    }
+
+    /// Starts this device, or for `Auto` the first compiled one that starts, calling `before`
+    /// with each candidate just before trying it.
+    fn start_first(self, mut before: impl FnMut(Self)) -> Result<Device, DeviceError> {
+        if self != Self::Auto {
+            before(self);
+            return self.start();
         }
-        Err(error)
+        Self::compiled()
+            .into_iter()
+            .find_map(|choice| {
+                before(choice);
+                choice.start().ok()
+            })
+            .ok_or(DeviceError::Unavailable(Self::Flex))
+    }
+
+    /// Constructs this (concrete) device and checks that it runs an op.
+    fn start(self) -> Result<Device, DeviceError> {
+        let device = self.construct().ok_or(DeviceError::NotCompiled(self))?;
+        if runs_an_op(&device) {
+            Ok(device)
+        } else {
+            Err(DeviceError::Unavailable(self))
+        }
     }
 
     #[allow(unreachable_code)] // every arm but one is cfg'd out in a single-backend build
