@@ -258,6 +258,13 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         human_bytes(memory.live_bytes),
         memory.peak_bytes as f64 / memory.live_bytes.max(1) as f64
     );
+    if memory.checkpoint_peak_bytes > 0 {
+        println!(
+            "  peak of a checkpoint   {} ({:.2} × persistent)",
+            human_bytes(memory.checkpoint_peak_bytes),
+            memory.checkpoint_peak_bytes as f64 / memory.live_bytes.max(1) as f64
+        );
+    }
     println!(
         "  wall time              {:.1} s",
         started.elapsed().as_secs_f64()

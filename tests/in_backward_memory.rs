@@ -144,6 +144,40 @@ fn the_learner_keeps_the_in_backward_gain() {
     );
 }
 
+/// A checkpoint between epochs holds about one parameter beside the run's state: the model is
+/// read back one tensor at a time as it is written. burn-train's checkpointer copies the whole
+/// model to the host first (and the whole optimizer state: SGD keeps none here).
+#[test]
+fn a_checkpoint_holds_one_parameter_beside_the_model() {
+    let _turn = common::take_turn();
+    let device = Device::flex();
+    let config = LmConfig::preset("small").unwrap();
+    let model_bytes = config.param_count() as u64 * 4;
+    // The embedding (and the head beside it) is the largest tensor.
+    let largest = (config.vocab_size * config.d_model) as u64 * 4;
+    let memory = learner_run(StepOptimizer::InBackwardSgd, &device).step_memory;
+    let above = memory
+        .checkpoint_peak_bytes
+        .saturating_sub(memory.live_bytes);
+    eprintln!(
+        "flex, SGD: checkpoint peak {} over persistent {}: {above} above, largest parameter \
+         {largest}, model {model_bytes}",
+        memory.checkpoint_peak_bytes, memory.live_bytes
+    );
+    assert!(
+        memory.checkpoint_peak_bytes > 0,
+        "no checkpoint was measured"
+    );
+    // Measured: two of the largest parameter. The bound leaves room for what the metric
+    // threads allocate meanwhile, and is still far below the copy of the model.
+    let bound = 3 * largest;
+    assert!(
+        above <= bound,
+        "the checkpoint held {above} bytes above the persistent state, more than three of the \
+         largest parameter ({largest}); the model is {model_bytes}"
+    );
+}
+
 /// Names the stack a child process measures, for [`measure_one_wgpu_stack`].
 const STACK_VARIABLE: &str = "IN_BACKWARD_MEMORY_STACK";
 /// Marks the line a child reports its measurement on.

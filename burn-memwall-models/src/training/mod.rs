@@ -109,7 +109,7 @@ impl Artifacts {
         self.dir.join("run.json")
     }
 
-    /// Where burn-train's default checkpointers write.
+    /// Where the checkpoints go (burn-train's default place).
     fn checkpoint_folder(&self) -> PathBuf {
         self.dir.join("checkpoint")
     }
@@ -145,8 +145,9 @@ impl Artifacts {
         write_atomically(&self.run_config(), run.to_string().as_bytes())
     }
 
-    /// The last epoch whose model, optimizer and scheduler were all written. The Learner writes
-    /// the three on separate threads, so after a crash only some may exist for the last epoch.
+    /// The last epoch whose model, optimizer and scheduler were all written. Each file is
+    /// written whole or not at all, one after the other, so after a crash during a checkpoint
+    /// only some may exist for the last epoch.
     pub fn last_complete_epoch(&self) -> Option<usize> {
         let entries = std::fs::read_dir(self.checkpoint_folder()).ok()?;
         entries
@@ -262,7 +263,6 @@ pub fn train(
     );
     let mut builder = SupervisedTraining::new(artifacts.dir(), train_loader, valid_loader)
         .metrics((LossMetric::new(), PerplexityFromLoss::default()))
-        .with_default_checkpointers()
         .with_training_strategy(TrainingStrategy::Custom(strategy.clone()))
         .renderer(Box::new(renderer))
         .num_epochs(training.epochs);
@@ -277,6 +277,7 @@ pub fn train(
     let step_memory = StepMemory {
         peak_bytes: steps.peak_bytes.saturating_sub(live_before),
         live_bytes: steps.live_bytes.saturating_sub(live_before),
+        checkpoint_peak_bytes: steps.checkpoint_peak_bytes.saturating_sub(live_before),
     };
     let epochs = records.lock().expect("records lock").clone();
     if let Some(diverged) = epochs

@@ -7,10 +7,11 @@
 //! gradient pool that in-backward updates remove comes back as a pool of new weights. The
 //! Learner offers no way to let go of its copy, nor to reach its optimizer without it, so
 //! [`InBackwardTraining`] takes the model out of the Learner it is launched with and owns the
-//! optimizer and the learning-rate scheduler itself. Everything else is burn-train's: metrics,
-//! the renderer, validation, the checkpointer (each epoch's model, optimizer and scheduler, in
-//! the same files), early stopping, the interrupter, and `SupervisedTraining::checkpoint`'s
-//! resume.
+//! optimizer and the learning-rate scheduler itself. It writes the checkpoints too (burn-train's
+//! files, one model tensor at a time: see [`checkpoints`](super::checkpoints)), since
+//! burn-train's checkpointer would copy the whole model beside the next epoch's steps.
+//! Everything else is burn-train's: metrics, the renderer, validation, early stopping, the
+//! interrupter, and `SupervisedTraining::checkpoint(epoch)` to resume.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -19,7 +20,6 @@ use burn::data::dataloader::{DataLoader, Progress};
 use burn::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::optim::ModuleOptimizer;
 use burn::prelude::*;
-use burn::train::checkpoint::{Checkpointer, FileCheckpointer};
 use burn::train::{
     EventProcessorTraining, InferenceStep, Interrupter, ItemLazy, Learner, LearnerEvent,
     LearnerModel, SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader,
@@ -27,6 +27,7 @@ use burn::train::{
 };
 
 use super::InBackwardError;
+use super::checkpoints::Checkpoints;
 use crate::memory::MemoryMeter;
 
 /// What the training steps of a run held, in the units of the [`MemoryMeter`] given to
@@ -41,15 +42,19 @@ pub struct StepMemory {
     /// What was live after the last training step: the model, the optimizer state and what the
     /// run keeps around them.
     pub live_bytes: u64,
+    /// The highest peak while a checkpoint was written, between epochs (0 if none was). On
+    /// Cube, as `peak_bytes`, the pools' high-water mark.
+    pub checkpoint_peak_bytes: u64,
 }
 
 /// A `SupervisedLearningStrategy` that trains on one device like burn-train's default, except
 /// that the model it steps is held nowhere else. See the [module docs](self).
 ///
-/// The Learner it is launched with supplies the model (loaded from the checkpoint on a resume);
-/// give that Learner the same optimizer and scheduler as this strategy, so that burn-train's
-/// resume finds what it expects. Any model trains with it; models routed through
-/// [`InBackward`](super::InBackward) are the ones whose peak it changes.
+/// The Learner it is launched with supplies the model; on a resume
+/// (`SupervisedTraining::checkpoint(epoch)`) the strategy loads the model, optimizer and
+/// scheduler of that epoch from its own checkpoint folder. Give it the checkpoint folder
+/// instead of giving `SupervisedTraining` checkpointers. Any model trains with it; models
+/// routed through [`InBackward`](super::InBackward) are the ones whose peak it changes.
 ///
 /// ```ignore
 /// let strategy = Arc::new(
@@ -57,17 +62,20 @@ pub struct StepMemory {
 ///         .with_checkpoints(artifacts.join("checkpoint")),
 /// );
 /// SupervisedTraining::new(artifacts, train, valid)
-///     .with_default_checkpointers()
 ///     .with_training_strategy(TrainingStrategy::Custom(strategy.clone()))
 ///     .launch(Learner::new(model, optimizer, lr));
 /// ```
+///
+/// # Panics
+/// In the run, if `SupervisedTraining` was given checkpointers, if a gradient accumulation is
+/// set, or on a resume without [`Self::with_checkpoints`]. A checkpoint that cannot be written
+/// or read stops the run with the error in the `LearningResult`.
 pub struct InBackwardTraining {
     device: Device,
     /// The optimizer and scheduler, until the run takes them.
     owned: Mutex<Option<(ModuleOptimizer, ModuleLrScheduler)>>,
-    /// Where burn-train's default checkpointers write, for reading the optimizer and scheduler
-    /// back on a resume.
-    checkpoints: Option<PathBuf>,
+    /// Where the checkpoints go, until the run takes them.
+    checkpoints: Mutex<Option<Checkpoints>>,
     meter: Option<MemoryMeter>,
     memory: Mutex<Option<StepMemory>>,
 }
@@ -88,16 +96,18 @@ impl InBackwardTraining {
         Self {
             device,
             owned: Mutex::new(Some((optimizer, scheduler.into()))),
-            checkpoints: None,
+            checkpoints: Mutex::default(),
             meter: None,
             memory: Mutex::default(),
         }
     }
 
-    /// The folder of `SupervisedTraining::with_default_checkpointers` (`<directory>/checkpoint`),
-    /// from which a resume reads the optimizer and scheduler records. Needed for a resume.
-    pub fn with_checkpoints(mut self, folder: impl Into<PathBuf>) -> Self {
-        self.checkpoints = Some(folder.into());
+    /// Writes a checkpoint into `folder` after each epoch and resumes from it: the files and
+    /// records of burn-train's default checkpointers (`{model,optim,scheduler}-N.bpk`; use
+    /// `<directory>/checkpoint` to put them where those would), keeping what burn-train keeps
+    /// by default: the last two epochs and the one with the lowest validation loss.
+    pub fn with_checkpoints(self, folder: impl Into<PathBuf>) -> Self {
+        *self.checkpoints.lock().expect("checkpoints lock") = Some(Checkpoints::new(folder.into()));
         self
     }
 
@@ -112,31 +122,13 @@ impl InBackwardTraining {
         *self.memory.lock().expect("step memory lock")
     }
 
-    /// The optimizer and scheduler, with their records from `epoch`'s checkpoint on a resume.
-    fn take_owned(&self, resumed_epoch: Option<usize>) -> (ModuleOptimizer, ModuleLrScheduler) {
-        let (optimizer, scheduler) = self
-            .owned
+    /// The optimizer and scheduler, which one run takes.
+    fn take_owned(&self) -> (ModuleOptimizer, ModuleLrScheduler) {
+        self.owned
             .lock()
             .expect("optimizer lock")
             .take()
-            .expect("an InBackwardTraining strategy runs one training");
-        let Some(epoch) = resumed_epoch else {
-            return (optimizer, scheduler);
-        };
-        let folder = self.checkpoints.as_ref().expect(
-            "resuming with InBackwardTraining needs `with_checkpoints(<directory>/checkpoint)`",
-        );
-        let restore = |name: &str| FileCheckpointer::new(folder, name);
-        let optimizer_record = restore("optim")
-            .restore(epoch)
-            .unwrap_or_else(|error| panic!("cannot resume the optimizer: {error}"));
-        let scheduler_record = restore("scheduler")
-            .restore(epoch)
-            .unwrap_or_else(|error| panic!("cannot resume the scheduler: {error}"));
-        (
-            optimizer.load_record(optimizer_record),
-            scheduler.load_record(scheduler_record),
-        )
+            .expect("an InBackwardTraining strategy runs one training")
     }
 
     fn record_step(&self, peak_bytes: u64, live_bytes: u64) {
@@ -145,6 +137,16 @@ impl InBackwardTraining {
         *memory = Some(StepMemory {
             peak_bytes: previous.peak_bytes.max(peak_bytes),
             live_bytes,
+            ..previous
+        });
+    }
+
+    fn record_checkpoint(&self, peak_bytes: u64) {
+        let mut memory = self.memory.lock().expect("step memory lock");
+        let previous = memory.unwrap_or_default();
+        *memory = Some(StepMemory {
+            checkpoint_peak_bytes: previous.checkpoint_peak_bytes.max(peak_bytes),
+            ..previous
         });
     }
 }
@@ -161,7 +163,7 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
         let TrainingComponents {
             num_epochs,
             checkpoint,
-            mut checkpointer,
+            checkpointer,
             grad_accumulation,
             interrupter,
             mut early_stopping,
@@ -174,11 +176,39 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
             "{}",
             InBackwardError::GradientAccumulation
         );
+        assert!(
+            checkpointer.is_none(),
+            "{}",
+            InBackwardError::LearnerCheckpointer
+        );
+        let mut checkpoints = self.checkpoints.lock().expect("checkpoints lock").take();
         let mut model = learner.model().fork(&self.device);
-        // The Learner's copy of the weights (and, on a resume, of the optimizer state it
-        // loaded) goes before the run's own optimizer state is read.
         drop(learner);
-        let (mut optimizer, mut scheduler) = self.take_owned(checkpoint);
+        let (mut optimizer, mut scheduler) = self.take_owned();
+        if let Some(epoch) = checkpoint {
+            let checkpoints = checkpoints.as_ref().expect(
+                "resuming with InBackwardTraining needs `with_checkpoints(<checkpoint folder>)`",
+            );
+            // The model first, so that its record is gone before the optimizer state is read.
+            // A record that does not fit the model panics, as in burn-train's own resume.
+            match checkpoints.model(epoch) {
+                Ok(record) => model = model.load_record(record),
+                Err(error) => {
+                    interrupter.fail(error);
+                    return (model, event_processor);
+                }
+            }
+            match checkpoints.optimizer_and_scheduler(epoch) {
+                Ok((optimizer_record, scheduler_record)) => {
+                    optimizer = optimizer.load_record(optimizer_record);
+                    scheduler = scheduler.load_record(scheduler_record);
+                }
+                Err(error) => {
+                    interrupter.fail(error);
+                    return (model, event_processor);
+                }
+            }
+        }
         let train = dataloader_train.to_device(&self.device);
         let valid = dataloader_valid.to_device(&self.device.clone().inner());
 
@@ -230,17 +260,25 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
             drop(valid_model);
             interrupter.fail_on_error(event_processor.process_valid(LearnerEvent::EndSplit(epoch)));
             interrupter.fail_on_error(event_processor.process_train(LearnerEvent::EndEpoch(epoch)));
-            if checkpointer.is_some() || early_stopping.is_some() {
+            if checkpoints.is_some() || early_stopping.is_some() {
                 interrupter.fail_on_error(event_processor.flush());
             }
             if interrupter.should_stop() {
                 break;
             }
-            if let Some(checkpointer) = &mut checkpointer {
-                // The checkpointer reads a Learner; this one holds the run's own parts for as
-                // long as it takes to record them.
-                let snapshot = Learner::new(model.clone(), optimizer.clone(), scheduler.clone());
-                checkpointer.checkpoint(&snapshot, epoch, &event_store);
+            if let Some(checkpoints) = &mut checkpoints {
+                if let Some(meter) = &self.meter {
+                    meter.reset_peak();
+                }
+                let saved =
+                    checkpoints.checkpoint(epoch, &event_store, &model, &optimizer, &scheduler);
+                if let Some(meter) = &self.meter {
+                    self.record_checkpoint(meter.peak_bytes());
+                }
+                interrupter.fail_on_error(saved);
+                if interrupter.should_stop() {
+                    break;
+                }
             }
             if let Some(early_stopping) = &mut early_stopping
                 && early_stopping.should_stop(epoch, &event_store)

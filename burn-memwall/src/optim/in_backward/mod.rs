@@ -47,6 +47,7 @@
 //! - Distributed data parallel: the gradient never reaches the parameter, so Burn's all-reduce
 //!   of it never runs.
 
+mod checkpoints;
 mod hook;
 mod learner;
 mod param_at_path;
@@ -80,6 +81,12 @@ pub enum InBackwardError {
          remove the accumulation (use a bigger batch instead)"
     )]
     GradientAccumulation,
+    #[error(
+        "InBackwardTraining writes and reads its own checkpoints, one tensor at a time: give the \
+         folder to `InBackwardTraining::with_checkpoints` instead of checkpointers to \
+         `SupervisedTraining`"
+    )]
+    LearnerCheckpointer,
     #[error("no loss is waiting: call `InBackward::defer(loss)` in `TrainStep::step` first")]
     NothingDeferred,
     #[error(
