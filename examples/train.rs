@@ -120,8 +120,18 @@ struct Args {
     /// Cap on validation batches after each epoch.
     #[arg(long)]
     validation_steps: Option<usize>,
+    /// Learning rate, after the warm-up and before the decay.
     #[arg(long, default_value_t = 3e-3)]
     lr: f64,
+    /// Steps of linear warm-up up to `--lr`.
+    #[arg(long, default_value_t = 0)]
+    warmup: usize,
+    /// Steps of cosine decay after the warm-up, from `--lr` down to `--final-lr`, which then
+    /// stays.
+    #[arg(long, default_value_t = 0)]
+    decay: usize,
+    #[arg(long, default_value_t = 0.0)]
+    final_lr: f64,
     #[arg(long, default_value_t = 42)]
     seed: u64,
     /// Folder for checkpoints, logs and the exported weights.
@@ -193,6 +203,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .with_max_steps_per_epoch(args.steps_per_epoch)
         .with_max_validation_steps(args.validation_steps)
         .with_learning_rate(args.lr)
+        .with_warmup_steps(args.warmup)
+        .with_decay_steps(args.decay)
+        .with_final_learning_rate(args.final_lr)
         .with_optimizer(optimizer)
         .with_seed(args.seed);
     println!(

@@ -23,7 +23,12 @@ fn run_config(epochs: usize) -> RunConfig {
         .with_max_steps_per_epoch(Some(12))
         // Of the corpus' 6 validation batches.
         .with_max_validation_steps(Some(3))
-        .with_learning_rate(1e-2);
+        // A schedule that moves in every epoch, so that a resume that restarted it would not
+        // continue exactly.
+        .with_learning_rate(1e-2)
+        .with_warmup_steps(4)
+        .with_decay_steps(28)
+        .with_final_learning_rate(1e-3);
     RunConfig::new(model_config(), training)
 }
 
@@ -388,7 +393,12 @@ fn bad_training_inputs_are_clear_errors() {
 #[test]
 fn a_diverged_run_is_an_error_not_a_saved_model() {
     let _turn = common::take_turn();
-    let (error, artifacts, _dir) = failed_run(|c| c.training.learning_rate = 1e30);
+    // Burn's warm-up and decay take rates up to 1 only: a constant rate diverges.
+    let (error, artifacts, _dir) = failed_run(|c| {
+        c.training.learning_rate = 1e30;
+        c.training.warmup_steps = 0;
+        c.training.decay_steps = 0;
+    });
     assert!(error.to_string().contains("diverged"), "{error}");
     assert!(
         !artifacts.weights().exists(),

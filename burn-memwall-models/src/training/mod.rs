@@ -6,6 +6,7 @@ mod loader;
 mod measure;
 mod optimizer;
 mod progress;
+mod schedule;
 mod stack;
 mod step;
 
@@ -50,9 +51,20 @@ pub struct TrainingConfig {
     pub max_steps_per_epoch: Option<usize>,
     /// Cap on validation batches after each epoch (the same first batches every epoch).
     pub max_validation_steps: Option<usize>,
-    /// AdamW learning rate (constant).
+    /// The learning rate after the warm-up and before the decay (see
+    /// [`TrainingConfig::lr_scheduler`]).
     #[config(default = 3e-3)]
     pub learning_rate: f64,
+    /// Steps of linear warm-up up to `learning_rate` (0: none).
+    #[config(default = 0)]
+    pub warmup_steps: usize,
+    /// Steps of cosine decay after the warm-up, from `learning_rate` down to
+    /// `final_learning_rate`, which then stays (0: none; `learning_rate` stays).
+    #[config(default = 0)]
+    pub decay_steps: usize,
+    /// Where the decay ends.
+    #[config(default = 0.0)]
+    pub final_learning_rate: f64,
     /// AdamW decoupled weight decay.
     #[config(default = 0.01)]
     pub weight_decay: f32,
@@ -188,6 +200,7 @@ pub fn train(
         training,
     } = run;
     model_config.validate()?;
+    let scheduler = training.lr_scheduler()?;
     if training.seq_len > model_config.max_seq_len {
         return Err(Error::SequenceTooLong {
             seq_len: training.seq_len,
@@ -257,7 +270,7 @@ pub fn train(
     // burn-train's own loop keeps a second handle on the model while it optimizes, which
     // would hold every old weight beside its in-backward update.
     let strategy = Arc::new(
-        InBackwardTraining::new(device.clone(), optimizer.clone(), training.learning_rate)
+        InBackwardTraining::new(device.clone(), optimizer.clone(), scheduler.clone())
             .with_checkpoints(artifacts.checkpoint_folder())
             .with_step_memory(meter.clone()),
     );
@@ -269,7 +282,7 @@ pub fn train(
     if start_epoch > 0 {
         builder = builder.checkpoint(start_epoch);
     }
-    let result = builder.launch(Learner::new(model, optimizer, training.learning_rate));
+    let result = builder.launch(Learner::new(model, optimizer, scheduler));
     if let Some(error) = result.error {
         return Err(Error::Training(error.to_string()));
     }
