@@ -237,9 +237,10 @@ pub fn train(
     let meter = MemoryMeter::new(device);
     let live_before = meter.live_bytes();
     device.seed(training.seed);
+    let in_backward = training.optimizer.in_backward();
     let model = model_config
         .init(&device.clone().autodiff())?
-        .with_in_backward(training.optimizer.in_backward());
+        .with_in_backward(in_backward.clone());
     // Drawn now, in the model's order, rather than at their first read inside the first step,
     // where they would be allocated between its activations.
     measure::initialize_parameters(&model);
@@ -269,11 +270,14 @@ pub fn train(
     let optimizer = training.optimizer.init(training.weight_decay);
     // burn-train's own loop keeps a second handle on the model while it optimizes, which
     // would hold every old weight beside its in-backward update.
-    let strategy = Arc::new(
+    let mut strategy =
         InBackwardTraining::new(device.clone(), optimizer.clone(), scheduler.clone())
             .with_checkpoints(artifacts.checkpoint_folder())
-            .with_step_memory(meter.clone()),
-    );
+            .with_step_memory(meter.clone());
+    if let Some(in_backward) = in_backward {
+        strategy = strategy.with_in_backward(in_backward);
+    }
+    let strategy = Arc::new(strategy);
     let mut builder = SupervisedTraining::new(artifacts.dir(), train_loader, valid_loader)
         .metrics((LossMetric::new(), PerplexityFromLoss::default()))
         .with_training_strategy(TrainingStrategy::Custom(strategy.clone()))

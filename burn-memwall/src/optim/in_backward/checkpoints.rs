@@ -7,14 +7,20 @@
 //! optimizer state (`to_record`) to the host, then writes them from its own threads while the
 //! next epoch trains: a checkpoint of a 1.1B model with AdamW holds 12 GB beside the training
 //! step. Here the model goes through burn-store's `BurnpackStore`, which reads each parameter
-//! back only when the writer reaches it, so the model adds one parameter's bytes. The optimizer
-//! record is still taken whole, because burn-optim 0.22.1 builds an `OptimizerRecord` only from
-//! the whole state: with AdamW that is a copy of both moments, with SGD nothing.
+//! back only when the writer reaches it, so the model adds one parameter's bytes.
+//!
+//! burn-optim 0.22.1 builds an `OptimizerRecord` only from a whole `ModuleOptimizer`'s state,
+//! which for AdamW is two copies of the model. So a run given its [`InBackward`] handle keeps the
+//! state of each parameter updated in backward in a `ModuleOptimizer` of its own
+//! ([`InBackward::keep_state_per_parameter`]), and a checkpoint writes one record per parameter
+//! into `optim-N-parameters/<param id>.bpk`, one after the other: it adds one parameter's state.
+//! `optim-N.bpk` holds the rest (the parameters updated after backward), as burn-train writes it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use burn::lr_scheduler::LrSchedulerRecord;
 use burn::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
+use burn::module::ParamId;
 use burn::optim::{ModuleOptimizer, OptimizerRecord};
 use burn::prelude::*;
 use burn::store::{BurnpackStore, ModuleRecord, ModuleSnapshot};
@@ -24,6 +30,8 @@ use burn::train::checkpoint::{
     MetricCheckpointingStrategy,
 };
 use burn::train::metric::LossMetric;
+
+use super::InBackward;
 use burn::train::metric::store::{Aggregate, Direction, EventStoreClient, Split};
 
 const MODEL: &str = "model";
@@ -59,7 +67,13 @@ impl Checkpoints {
         FileCheckpointer::new(&self.folder, kind)
     }
 
-    /// Saves `epoch` and deletes the epochs the strategy lets go.
+    /// The folder of `epoch`'s optimizer state kept per parameter.
+    fn states_per_parameter(&self, epoch: usize) -> PathBuf {
+        self.folder.join(format!("{OPTIMIZER}-{epoch}-parameters"))
+    }
+
+    /// Saves `epoch` (with the optimizer state that `in_backward` keeps per parameter, if
+    /// given) and deletes the epochs the strategy lets go.
     pub(super) fn checkpoint<M: Module>(
         &mut self,
         epoch: usize,
@@ -67,16 +81,44 @@ impl Checkpoints {
         model: &M,
         optimizer: &ModuleOptimizer,
         scheduler: &ModuleLrScheduler,
+        in_backward: Option<&InBackward>,
     ) -> Result<(), CheckpointerError> {
         for action in self.strategy.checkpointing(epoch, events) {
             match action {
-                CheckpointingAction::Save => self.save(epoch, model, optimizer, scheduler)?,
+                CheckpointingAction::Save => {
+                    if let Some(in_backward) = in_backward {
+                        self.save_states_per_parameter(epoch, in_backward)?;
+                    }
+                    self.save(epoch, model, optimizer, scheduler)?;
+                }
                 CheckpointingAction::Delete(old) => self.delete(old)?,
             }
         }
         Ok(())
     }
 
+    /// Written into a scratch folder that is renamed when complete, so that a folder under the
+    /// final name is always whole.
+    fn save_states_per_parameter(
+        &self,
+        epoch: usize,
+        in_backward: &InBackward,
+    ) -> Result<(), CheckpointerError> {
+        let done = self.states_per_parameter(epoch);
+        let scratch = done.with_extension("partial");
+        remove_folder(&scratch)?;
+        std::fs::create_dir_all(&scratch).map_err(CheckpointerError::IOError)?;
+        in_backward.visit_states_per_parameter(|id, optimizer| {
+            optimizer
+                .to_record()
+                .save(scratch.join(format!("{}.bpk", id.val())))
+                .map_err(CheckpointerError::Record)
+        })?;
+        remove_folder(&done)?;
+        std::fs::rename(&scratch, &done).map_err(CheckpointerError::IOError)
+    }
+
+    /// The model last: once its file is there, the rest of the epoch is.
     fn save<M: Module>(
         &self,
         epoch: usize,
@@ -97,7 +139,8 @@ impl Checkpoints {
     fn delete(&self, epoch: usize) -> Result<(), CheckpointerError> {
         Checkpointer::<ModuleRecord>::delete(&self.file(MODEL), epoch)?;
         Checkpointer::<OptimizerRecord>::delete(&self.file(OPTIMIZER), epoch)?;
-        Checkpointer::<LrSchedulerRecord>::delete(&self.file(SCHEDULER), epoch)
+        Checkpointer::<LrSchedulerRecord>::delete(&self.file(SCHEDULER), epoch)?;
+        remove_folder(&self.states_per_parameter(epoch))
     }
 
     /// The model record of `epoch`.
@@ -114,5 +157,44 @@ impl Checkpoints {
             self.file(OPTIMIZER).restore(epoch)?,
             self.file(SCHEDULER).restore(epoch)?,
         ))
+    }
+
+    /// Loads `epoch`'s optimizer state kept per parameter into `in_backward`, one parameter at
+    /// a time, each into a `ModuleOptimizer` made from `template`.
+    pub(super) fn restore_states_per_parameter(
+        &self,
+        epoch: usize,
+        in_backward: &InBackward,
+        template: &ModuleOptimizer,
+    ) -> Result<(), CheckpointerError> {
+        let folder = self.states_per_parameter(epoch);
+        let unknown = |reason: String| CheckpointerError::Unknown(reason);
+        let entries = std::fs::read_dir(&folder).map_err(|error| {
+            unknown(format!(
+                "{}: {error}; the run keeps its optimizer state per parameter, and a checkpoint \
+                 written without it would resume with none",
+                folder.display()
+            ))
+        })?;
+        let records = entries.map(|entry| {
+            let path = entry.map_err(CheckpointerError::IOError)?.path();
+            let id = path
+                .file_stem()
+                .and_then(|stem| stem.to_str()?.parse::<u64>().ok())
+                .ok_or_else(|| unknown(format!("{}: not a parameter id", path.display())))?;
+            let record = OptimizerRecord::load(&path).map_err(CheckpointerError::Record)?;
+            Ok((ParamId::from(id), record))
+        });
+        in_backward.load_states_per_parameter(template, records)
+    }
+}
+
+/// Removes `folder` and what it holds, if it is there.
+fn remove_folder(folder: &Path) -> Result<(), CheckpointerError> {
+    match std::fs::remove_dir_all(folder) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+            Err(CheckpointerError::IOError(error))
+        }
+        _ => Ok(()),
     }
 }

@@ -26,8 +26,8 @@ use burn::train::{
     TrainStep, TrainingComponents, TrainingItem, ValidLoader,
 };
 
-use super::InBackwardError;
 use super::checkpoints::Checkpoints;
+use super::{InBackward, InBackwardError};
 use crate::memory::MemoryMeter;
 
 /// What the training steps of a run held, in the units of the [`MemoryMeter`] given to
@@ -76,6 +76,8 @@ pub struct InBackwardTraining {
     owned: Mutex<Option<(ModuleOptimizer, ModuleLrScheduler)>>,
     /// Where the checkpoints go, until the run takes them.
     checkpoints: Mutex<Option<Checkpoints>>,
+    /// The handle the model routes through, whose optimizer state the run keeps per parameter.
+    in_backward: Option<InBackward>,
     meter: Option<MemoryMeter>,
     memory: Mutex<Option<StepMemory>>,
 }
@@ -97,6 +99,7 @@ impl InBackwardTraining {
             device,
             owned: Mutex::new(Some((optimizer, scheduler.into()))),
             checkpoints: Mutex::default(),
+            in_backward: None,
             meter: None,
             memory: Mutex::default(),
         }
@@ -108,6 +111,16 @@ impl InBackwardTraining {
     /// by default: the last two epochs and the one with the lowest validation loss.
     pub fn with_checkpoints(self, folder: impl Into<PathBuf>) -> Self {
         *self.checkpoints.lock().expect("checkpoints lock") = Some(Checkpoints::new(folder.into()));
+        self
+    }
+
+    /// The [`InBackward`] handle the model routes its parameters through. The run then keeps
+    /// each in-backward parameter's optimizer state in a `ModuleOptimizer` of its own (the
+    /// same updates), so that a checkpoint writes it one parameter at a time instead of
+    /// copying the whole state (see [`checkpoints`](super::checkpoints)); `optimizer` holds
+    /// the state of the parameters updated after backward.
+    pub fn with_in_backward(mut self, in_backward: InBackward) -> Self {
+        self.in_backward = Some(in_backward);
         self
     }
 
@@ -185,6 +198,9 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
         let mut model = learner.model().fork(&self.device);
         drop(learner);
         let (mut optimizer, mut scheduler) = self.take_owned();
+        if let Some(in_backward) = &self.in_backward {
+            in_backward.keep_state_per_parameter();
+        }
         if let Some(epoch) = checkpoint {
             let checkpoints = checkpoints.as_ref().expect(
                 "resuming with InBackwardTraining needs `with_checkpoints(<checkpoint folder>)`",
@@ -207,6 +223,13 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
                     interrupter.fail(error);
                     return (model, event_processor);
                 }
+            }
+            if let Some(in_backward) = &self.in_backward
+                && let Err(error) =
+                    checkpoints.restore_states_per_parameter(epoch, in_backward, &optimizer)
+            {
+                interrupter.fail(error);
+                return (model, event_processor);
             }
         }
         let train = dataloader_train.to_device(&self.device);
@@ -270,8 +293,14 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
                 if let Some(meter) = &self.meter {
                     meter.reset_peak();
                 }
-                let saved =
-                    checkpoints.checkpoint(epoch, &event_store, &model, &optimizer, &scheduler);
+                let saved = checkpoints.checkpoint(
+                    epoch,
+                    &event_store,
+                    &model,
+                    &optimizer,
+                    &scheduler,
+                    self.in_backward.as_ref(),
+                );
                 if let Some(meter) = &self.meter {
                     self.record_checkpoint(meter.peak_bytes());
                 }

@@ -58,7 +58,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use burn::backend::{Dispatch, DispatchTensor};
 use burn::lr_scheduler::module_lr_scheduler::ModuleLearningRate;
 use burn::module::{Module, ModuleMapper, Param, ParamId};
-use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
+use burn::optim::{GradientsParams, ModuleOptimizer, OptimizerRecord, SgdConfig};
 use burn::prelude::*;
 use burn::tensor::GradientCheckpointingStrategy;
 use burn::tensor::kind::BridgeTensor;
@@ -189,6 +189,20 @@ struct StepState {
     optimizer: Option<(ModuleOptimizer, ModuleLearningRate)>,
     deferred: Option<Tensor<1>>,
     counts: StepCounts,
+    /// With [`InBackward::keep_state_per_parameter`], each in-backward parameter's optimizer
+    /// state, in a `ModuleOptimizer` of its own; kept from step to step.
+    per_parameter: Option<HashMap<ParamId, ModuleOptimizer>>,
+}
+
+impl StepState {
+    /// Ends a step: everything goes but the optimizer state kept per parameter.
+    fn reset(&mut self) {
+        let per_parameter = self.per_parameter.take();
+        *self = Self {
+            per_parameter,
+            ..Self::default()
+        };
+    }
 }
 
 impl InBackward {
@@ -261,7 +275,7 @@ impl InBackward {
             .count();
         if foreign > 0 {
             drop(model.map(&mut Unpark { state: &mut state }));
-            *state = StepState::default();
+            state.reset();
             return Err(InBackwardError::ForeignParameters(foreign));
         }
         // The hooks need the optimizer while `backward` runs; a stateless stand-in holds its
@@ -287,7 +301,7 @@ impl InBackward {
             "every update has its parked parameter"
         );
         let mut counts = state.counts;
-        *state = StepState::default();
+        state.reset();
         drop(state);
 
         let rest = GradientsParams::from_grads(grads, &model);
@@ -341,6 +355,49 @@ impl InBackward {
     /// How the parameters of the last step were updated.
     pub fn last_step(&self) -> StepCounts {
         self.lock().counts
+    }
+
+    /// From now on, each parameter updated in backward keeps its optimizer state in a
+    /// `ModuleOptimizer` of its own, made from the step's optimizer (its config, groups and
+    /// clipping) at its first update, instead of in the step's optimizer: the step's optimizer
+    /// then holds only the state of parameters updated after backward. The updates are the
+    /// same (Burn's optimizers keep their state per parameter); what changes is that the state
+    /// can be read and written one parameter at a time, which is how
+    /// [`InBackwardTraining`]'s checkpoints write it.
+    pub(crate) fn keep_state_per_parameter(&self) {
+        self.lock().per_parameter.get_or_insert_with(HashMap::new);
+    }
+
+    /// Runs `visit` on each parameter's optimizer state kept per parameter, in the order of
+    /// the parameter ids, while no step runs.
+    pub(crate) fn visit_states_per_parameter<E>(
+        &self,
+        mut visit: impl FnMut(ParamId, &ModuleOptimizer) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let state = self.lock();
+        let Some(states) = &state.per_parameter else {
+            return Ok(());
+        };
+        let mut ids: Vec<&ParamId> = states.keys().collect();
+        ids.sort_by_key(|id| id.val());
+        ids.into_iter().try_for_each(|id| visit(*id, &states[id]))
+    }
+
+    /// Replaces the optimizer state kept per parameter with `records`, each loaded into a
+    /// `ModuleOptimizer` made from `template` as it comes, so that only one record is read at a
+    /// time. Stops at the first error, leaving the state as it was.
+    pub(crate) fn load_states_per_parameter<E>(
+        &self,
+        template: &ModuleOptimizer,
+        records: impl IntoIterator<Item = Result<(ParamId, OptimizerRecord), E>>,
+    ) -> Result<(), E> {
+        let mut states = HashMap::new();
+        for record in records {
+            let (id, record) = record?;
+            states.insert(id, without_state(template).load_record(record));
+        }
+        self.lock().per_parameter = Some(states);
+        Ok(())
     }
 
     /// Whether a step is running backward, so that hooks apply updates instead of passing the
@@ -455,6 +512,10 @@ fn update<const D: usize>(
         .optimizer
         .as_mut()
         .expect("updates run only while InBackward::step runs backward");
+    let optimizer = match &mut state.per_parameter {
+        Some(states) => states.entry(id).or_insert_with(|| without_state(optimizer)),
+        None => optimizer,
+    };
     let mut gradients = GradientsParams::new();
     gradients.register(id, Tensor::<D>::from_bridge(gradient));
     let single = ParamAtPath {
@@ -465,6 +526,11 @@ fn update<const D: usize>(
     let stepped = optimizer.step(learning_rate.clone(), single, gradients);
     let value = stepped.param.into_value().inner();
     state.updated.insert(id, value.into_bridge());
+}
+
+/// `template`'s config, groups and clipping, with no state.
+fn without_state(template: &ModuleOptimizer) -> ModuleOptimizer {
+    template.clone().load_record(OptimizerRecord::default())
 }
 
 /// Takes every parameter that has a pending hook out of the model, so that during backward the
