@@ -512,17 +512,48 @@ fn the_memwall_stack_learns() {
     }
 }
 
+/// One epoch of `model` through burn-train's `SupervisedTraining` with the `InBackwardTraining`
+/// strategy, after `configure` has had its say on the builder.
+fn launch_in_backward_training(
+    device: &Device,
+    model: burn_memwall_models::lm::LanguageModel,
+    configure: impl FnOnce(
+        burn::train::SupervisedTraining<burn_memwall_models::lm::LanguageModel>,
+    )
+        -> burn::train::SupervisedTraining<burn_memwall_models::lm::LanguageModel>,
+) -> burn::train::LearningResult<burn_memwall_models::lm::LanguageModel> {
+    use std::sync::Arc;
+
+    use burn::data::dataloader::DataLoaderBuilder;
+    use burn::train::{Learner, SupervisedTraining, TrainingStrategy};
+    use burn_memwall::optim::InBackwardTraining;
+    use burn_memwall_models::data::{LmBatcher, TokenWindows};
+
+    let (train, valid) = TokenWindows::split(&corpus_tokens(), 32, 256, 0.1).unwrap();
+    let loader = |dataset| {
+        DataLoaderBuilder::new(LmBatcher)
+            .batch_size(8)
+            .build(dataset)
+    };
+    let optimizer = StepOptimizer::InBackwardFusedAdamW.init(0.0);
+    let strategy = InBackwardTraining::new(device.clone(), optimizer.clone(), 1e-2);
+    let dir = common::temp_dir();
+    let builder = SupervisedTraining::new(dir.path(), loader(train), loader(valid))
+        .with_training_strategy(TrainingStrategy::Custom(Arc::new(strategy)))
+        .with_application_logger(None)
+        .renderer(Box::new(
+            burn_memwall_models::training::ProgressRenderer::new(32, true).0,
+        ))
+        .num_epochs(1);
+    configure(builder).launch(Learner::new(model, optimizer, 1e-2))
+}
+
 /// `InBackwardTraining` steps the model it takes out of the Learner; a clone the caller kept
 /// shares the weights' storage, so the in-place updates must copy it instead of writing into
 /// it: the clone keeps its values while the trained model moves away from them.
 #[test]
 fn a_clone_of_the_model_held_elsewhere_is_left_as_it_was() {
-    use std::sync::Arc;
-
-    use burn::data::dataloader::DataLoaderBuilder;
-    use burn::train::{Learner, SupervisedTraining, TrainingStrategy};
-    use burn_memwall::optim::{InBackward, InBackwardTraining};
-    use burn_memwall_models::data::{LmBatcher, TokenWindows};
+    use burn_memwall::optim::InBackward;
 
     let _turn = common::take_turn();
     for device in common::devices() {
@@ -533,27 +564,23 @@ fn a_clone_of_the_model_held_elsewhere_is_left_as_it_was() {
             .with_in_backward(Some(InBackward::new()));
         let kept = model.clone();
         let before = common::parameters(&kept);
-        let (train, valid) = TokenWindows::split(&corpus_tokens(), 32, 256, 0.1).unwrap();
-        let loader = |dataset| {
-            DataLoaderBuilder::new(LmBatcher)
-                .batch_size(8)
-                .build(dataset)
-        };
-        let optimizer = StepOptimizer::InBackwardFusedAdamW.init(0.0);
-        let strategy = InBackwardTraining::new(device.clone(), optimizer.clone(), 1e-2);
-        let dir = common::temp_dir();
-        let result = SupervisedTraining::new(dir.path(), loader(train), loader(valid))
-            .with_training_strategy(TrainingStrategy::Custom(Arc::new(strategy)))
-            .with_application_logger(None)
-            .renderer(Box::new(
-                burn_memwall_models::training::ProgressRenderer::new(32, true).0,
-            ))
-            .num_epochs(1)
-            .launch(Learner::new(model, optimizer, 1e-2));
+        let result = launch_in_backward_training(&device, model, |builder| builder);
         assert!(result.error.is_none(), "{:?}", result.error);
         let after = common::parameters(&kept);
         let trained = common::parameters(&result.model);
         assert_eq!(after, before, "{device:?}: the kept clone changed");
         assert_ne!(trained, before, "{device:?}: the run trained nothing");
     }
+}
+
+/// `InBackwardTraining` writes its own checkpoints, one tensor at a time: given burn-train's
+/// checkpointers too, it refuses to run rather than have them copy the whole state.
+#[test]
+#[should_panic(expected = "InBackwardTraining::with_checkpoints")]
+fn in_backward_training_refuses_the_learners_checkpointers() {
+    let device = Device::flex();
+    let model = model_config().init(&device.clone().autodiff()).unwrap();
+    launch_in_backward_training(&device, model, |builder| {
+        builder.with_default_checkpointers()
+    });
 }

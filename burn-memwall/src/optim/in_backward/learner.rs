@@ -59,7 +59,8 @@ pub struct StepMemory {
 /// ```ignore
 /// let strategy = Arc::new(
 ///     InBackwardTraining::new(device.autodiff(), optimizer.clone(), lr)
-///         .with_checkpoints(artifacts.join("checkpoint")),
+///         .with_checkpoints(artifacts.join("checkpoint"))
+///         .with_in_backward(in_backward.clone()),
 /// );
 /// SupervisedTraining::new(artifacts, train, valid)
 ///     .with_training_strategy(TrainingStrategy::Custom(strategy.clone()))
