@@ -225,6 +225,14 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         model.linear,
         optimizer
     );
+    let decay = match args.decay {
+        0 => String::new(),
+        steps => format!(", cosine decay over {steps} steps to {}", args.final_lr),
+    };
+    println!(
+        "learning rate {} after {} warm-up steps{decay}, then constant",
+        args.lr, args.warmup
+    );
     let caption = format!(
         "{} ({} parameters), stack {}, seq {}, batch {}, {}",
         args.model,

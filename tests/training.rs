@@ -345,6 +345,15 @@ fn weights_or_checkpoints_from_another_config_are_refused() {
     other.model.d_ff = 96;
     let error = run(&other, &device, &artifacts, true).unwrap_err();
     assert!(error.to_string().contains("d_ff: 128 → 96"), "{error}");
+    // A schedule or optimizer changed on a resume would silently train another run.
+    let mut other = run_config(2);
+    other.training.warmup_steps = 2;
+    let error = run(&other, &device, &artifacts, true).unwrap_err();
+    assert!(error.to_string().contains("warmup_steps: 4 → 2"), "{error}");
+    let mut other = run_config(2);
+    other.training.optimizer = StepOptimizer::InBackwardAdamW;
+    let error = run(&other, &device, &artifacts, true).unwrap_err();
+    assert!(error.to_string().contains("optimizer"), "{error}");
 
     let error = run(
         &run_config(2),

@@ -335,8 +335,8 @@ fn differences<C: Config>(saved: &C, now: &C) -> String {
         .join(", ")
 }
 
-/// The epoch to resume from, after checking that the folder was made by the same configs and that
-/// its model checkpoint loads into this model.
+/// The epoch to resume from, after checking that the folder was made by the same configs (but
+/// for the number of epochs) and that its model checkpoint loads into this model.
 fn check_resumable(
     run: &RunConfig,
     artifacts: &Artifacts,
@@ -356,18 +356,19 @@ fn check_resumable(
             ),
         });
     }
-    if (
-        saved.training.seq_len,
-        saved.training.batch_size,
-        saved.training.seed,
-    ) != (
-        run.training.seq_len,
-        run.training.batch_size,
-        run.training.seed,
-    ) {
+    // Every training setting but the number of epochs shapes the steps a resume runs.
+    let resumable = TrainingConfig {
+        epochs: run.training.epochs,
+        ..saved.training.clone()
+    };
+    if resumable != run.training {
         return Err(Error::Checkpoint {
             path: saved_path,
-            reason: "sequence length, batch size and seed must match the interrupted run to resume it exactly".into(),
+            reason: format!(
+                "was trained with other training settings ({}); only the number of epochs may \
+                 change for the resume to continue the run exactly",
+                differences(&resumable, &run.training)
+            ),
         });
     }
     let epoch = artifacts
