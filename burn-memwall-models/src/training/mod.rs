@@ -101,8 +101,9 @@ pub struct TrainReport {
     pub model: LanguageModel,
 }
 
-/// An artifacts folder: `run.json`, `checkpoint/{model,optim,scheduler}-N.bpk`, metric logs and,
-/// at the end, `model.safetensors`.
+/// An artifacts folder: `run.json`, `checkpoint/{model,optim,scheduler}-N.bpk` (with
+/// `optim-N-parameters/` for an in-backward optimizer's state), metric logs and, at the end,
+/// `model.safetensors`.
 #[derive(Clone, Debug)]
 pub struct Artifacts {
     dir: PathBuf,
