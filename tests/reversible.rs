@@ -340,6 +340,34 @@ fn the_activation_peak_does_not_grow_with_depth() {
     );
 }
 
+/// The first training forward also checks that F and G are deterministic, and Burn's autodiff
+/// keeps what even untracked ops registered until a backward pass: the check must clear it, so
+/// that the first forward keeps what later ones keep rather than that and about the parameters.
+#[test]
+fn the_first_forward_keeps_no_more_than_later_ones() {
+    let _turn = common::take_turn(); // live readings are process-wide
+    let device = Device::flex().autodiff();
+    device.seed(5);
+    let x = host_tensor([4, 16, 32], 0.5, &device).require_grad();
+    let kept_by_forward = |stack: &ReversibleSequence<Mlp, Mlp>| {
+        let before = CountingAllocator::live_bytes();
+        let y = stack.forward(x.clone());
+        let kept = CountingAllocator::live_bytes().saturating_sub(before);
+        drop(y.sum().backward());
+        kept
+    };
+    // Another chain first, for what the runtime allocates once per process.
+    kept_by_forward(&stack(8, 16, &device));
+    let stack = stack(8, 16, &device);
+    let _ = parameters(&stack); // draws every weight before measuring
+    let (first, later) = (kept_by_forward(&stack), kept_by_forward(&stack));
+    eprintln!("the first forward keeps {first} bytes, the next {later}");
+    assert!(
+        first as f64 <= 1.1 * later as f64,
+        "the first forward keeps {first} bytes, the next one {later}"
+    );
+}
+
 /// With `InBackward`, every parameter of F and G is updated during the chain's own backward
 /// pass, and the result equals Burn's AdamW step after backward.
 #[test]

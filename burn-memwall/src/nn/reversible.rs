@@ -191,35 +191,48 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
 
     /// Evaluates every `F` and `G` twice, in training mode on an autodiff device (where dropout
     /// is active), on a corner of `x` (at most 2 along each dimension but the last), and
-    /// compares. Nothing is tracked; what the autodiff device keeps of it until the next
-    /// backward pass is that small.
+    /// compares. Burn's autodiff registers even untracked ops in its graph (burn-autodiff
+    /// 0.22.1, `OpsPrep::<UnTracked>::finish`) and keeps what they hold, about the couplings'
+    /// parameter bytes here, until a backward pass: so the corner is tracked, and the check ends
+    /// with a backward pass over its own small graph.
     fn check_deterministic<const D: usize>(&self, x: &Tensor<D>) -> Result<(), ReversibleError>
     where
         F: CouplingFunction<D>,
         G: CouplingFunction<D>,
     {
         let dims = x.dims();
-        let probe = (0..D - 1).fold(x.clone().detach(), |probe, dim| {
+        let probe = (0..D - 1).fold(x.clone().inner(), |probe, dim| {
             probe.narrow(dim, 0, dims[dim].min(2))
         });
-        let [x1, x2] = halves(probe);
-        let same = |a: Tensor<D>, b: Tensor<D>| a.equal(b).all().into_scalar::<bool>();
+        let [x1, x2] = halves(Tensor::from_inner(probe).require_grad());
+        let mut outputs = Vec::new();
+        let mut same = |a: Tensor<D>, b: Tensor<D>| {
+            let equal = a.clone().equal(b.clone()).all().into_scalar::<bool>();
+            outputs.push((a + b).sum());
+            equal
+        };
         let (f, g) = (untracked(&self.f), untracked(&self.g));
+        let mut result = Ok(());
         for (block, (f, g)) in f.iter().zip(&g).enumerate() {
             if !same(f.forward(x2.clone()), f.forward(x2.clone())) {
-                return Err(ReversibleError::NotDeterministic {
+                result = Err(ReversibleError::NotDeterministic {
                     block,
                     function: "F",
                 });
+                break;
             }
             if !same(g.forward(x1.clone()), g.forward(x1.clone())) {
-                return Err(ReversibleError::NotDeterministic {
+                result = Err(ReversibleError::NotDeterministic {
                     block,
                     function: "G",
                 });
+                break;
             }
         }
-        Ok(())
+        if let Some(total) = outputs.into_iter().reduce(|a, b| a + b) {
+            drop(total.backward());
+        }
+        result
     }
 }
 
