@@ -30,9 +30,9 @@ use burn::train::checkpoint::{
     MetricCheckpointingStrategy,
 };
 use burn::train::metric::LossMetric;
+use burn::train::metric::store::{Aggregate, Direction, EventStoreClient, Split};
 
 use super::InBackward;
-use burn::train::metric::store::{Aggregate, Direction, EventStoreClient, Split};
 
 const MODEL: &str = "model";
 const OPTIMIZER: &str = "optim";

@@ -145,23 +145,21 @@ impl InBackwardTraining {
             .expect("an InBackwardTraining strategy runs one training")
     }
 
-    fn record_step(&self, peak_bytes: u64, live_bytes: u64) {
+    /// Runs `work` in a new peak window of the meter, if one was given, then lets `record` fold
+    /// the meter's readings into the run's [`StepMemory`].
+    fn measured<T>(
+        &self,
+        work: impl FnOnce() -> T,
+        record: impl FnOnce(&mut StepMemory, &MemoryMeter),
+    ) -> T {
+        let Some(meter) = &self.meter else {
+            return work();
+        };
+        meter.reset_peak();
+        let result = work();
         let mut memory = self.memory.lock().expect("step memory lock");
-        let previous = memory.unwrap_or_default();
-        *memory = Some(StepMemory {
-            peak_bytes: previous.peak_bytes.max(peak_bytes),
-            live_bytes,
-            ..previous
-        });
-    }
-
-    fn record_checkpoint(&self, peak_bytes: u64) {
-        let mut memory = self.memory.lock().expect("step memory lock");
-        let previous = memory.unwrap_or_default();
-        *memory = Some(StepMemory {
-            checkpoint_peak_bytes: previous.checkpoint_peak_bytes.max(peak_bytes),
-            ..previous
-        });
+        record(memory.get_or_insert_with(StepMemory::default), meter);
+        result
     }
 }
 
@@ -242,18 +240,22 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
                 total_items: train.num_items(),
             }));
             for (item, progress, iteration) in items(&*train, &interrupter) {
-                if let Some(meter) = &self.meter {
-                    meter.reset_peak();
-                }
-                let output = TrainStep::step(&model, item);
-                let lr = scheduler.step();
-                model = model.optimize(&mut optimizer, lr.clone(), output.grads);
-                if let Some(meter) = &self.meter {
-                    self.record_step(meter.peak_bytes(), meter.live_bytes());
-                }
+                let (stepped, output, lr) = self.measured(
+                    || {
+                        let output = TrainStep::step(&model, item);
+                        let lr = scheduler.step();
+                        let stepped = model.optimize(&mut optimizer, lr.clone(), output.grads);
+                        (stepped, output.item, lr)
+                    },
+                    |memory, meter| {
+                        memory.peak_bytes = memory.peak_bytes.max(meter.peak_bytes());
+                        memory.live_bytes = meter.live_bytes();
+                    },
+                );
+                model = stepped;
                 // Made ready here, on the training thread, so that the metric thread does not
                 // read the device (see `ItemLazy`).
-                let item = TrainingItem::new(output.item, progress, Some(iteration), Some(lr));
+                let item = TrainingItem::new(output, progress, Some(iteration), Some(lr));
                 match item.sync() {
                     Ok(item) => interrupter.fail_on_error(
                         event_processor.process_train(LearnerEvent::ProcessedItem(item)),
@@ -291,20 +293,22 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
                 break;
             }
             if let Some(checkpoints) = &mut checkpoints {
-                if let Some(meter) = &self.meter {
-                    meter.reset_peak();
-                }
-                let saved = checkpoints.checkpoint(
-                    epoch,
-                    &event_store,
-                    &model,
-                    &optimizer,
-                    &scheduler,
-                    self.in_backward.as_ref(),
+                let saved = self.measured(
+                    || {
+                        checkpoints.checkpoint(
+                            epoch,
+                            &event_store,
+                            &model,
+                            &optimizer,
+                            &scheduler,
+                            self.in_backward.as_ref(),
+                        )
+                    },
+                    |memory, meter| {
+                        memory.checkpoint_peak_bytes =
+                            memory.checkpoint_peak_bytes.max(meter.peak_bytes());
+                    },
                 );
-                if let Some(meter) = &self.meter {
-                    self.record_checkpoint(meter.peak_bytes());
-                }
                 interrupter.fail_on_error(saved);
                 if interrupter.should_stop() {
                     break;
