@@ -7,7 +7,7 @@ mod common;
 
 use burn::prelude::*;
 use burn::tensor::DType;
-use burn_memwall::ops::packed_matmul::{BLOCK_WEIGHTS, PackedLayout};
+use burn_memwall::ops::packed_matmul::{BLOCK_WEIGHTS, PackedLayout, PackedWeight};
 use common::packed_weight::{HostWeight, layouts};
 use common::{assert_close, devices, host_tensor, rows_of};
 
@@ -94,4 +94,48 @@ fn refuses_codes_of_the_wrong_shape() {
     let mut weight = HostWeight::new(20, 9, 3).on(PackedLayout::Ternary, &device);
     weight.d_input = 40; // three words per row, where the codes have two
     weight.matmul(host_tensor([2, 40], 0.5, &device));
+}
+
+#[test]
+fn rows_decode_exactly_the_rows_asked_for() {
+    // 37 inputs: a partial group of 16; ids repeated, out of order, first and last.
+    let ids = [4i64, 0, 22, 4, 13, 22];
+    for device in devices() {
+        for layout in layouts() {
+            let host = HostWeight::new(37, 23, 5);
+            let dense = host.dense();
+            let weight = host.on(layout, &device);
+            let got = weight.rows(Tensor::<1, Int>::from_data(ids, &device));
+            let want: Vec<Vec<f64>> = ids.iter().map(|&id| dense[id as usize].clone()).collect();
+            // s·t of an f32 scale: exact.
+            assert_close(
+                "rows",
+                &(layout, &device),
+                0.0,
+                got.into_data(),
+                common::flat(&want),
+            );
+        }
+    }
+}
+
+#[test]
+fn a_weight_narrowed_to_some_rows_multiplies_with_those_rows() {
+    // A view that starts inside its buffer: Flex reads `storage()` from the buffer's start.
+    let host = HostWeight::new(37, 23, 9);
+    let dense = host.dense();
+    for device in devices() {
+        for layout in layouts() {
+            let weight = host.on(layout, &device);
+            let rows = PackedWeight {
+                codes: weight.codes.clone().narrow(0, 5, 11),
+                scale: weight.scale.clone().narrow(0, 5, 11),
+                ..weight
+            };
+            let x = host_tensor([3, 37], 0.2, &device);
+            let got = rows.matmul(x.clone());
+            let want = product(&rows_of(x), &transpose(&dense[5..16]));
+            assert_close("narrowed", &(layout, &device), 1e-5, got.into_data(), want);
+        }
+    }
 }

@@ -11,6 +11,9 @@
 //! fills which place of the weight tile:
 //! - `x · Wᵀ`: `[m, d_input]` → `[m, d_output]`, the reduction runs along a weight row;
 //! - `dy · W`: `[m, d_output]` → `[m, d_input]`, the reduction runs down the weight rows.
+//!
+//! [`packed_decode_kernel`] writes the weight itself, one unit per weight: for a few rows
+//! gathered from a larger one (an embedding lookup).
 
 use cubecl::prelude::*;
 
@@ -44,6 +47,33 @@ fn weight_at(
         (codes[base + usize::cast_from(i / 16)] >> ((i % 16) * 2)) & 3
     };
     scale[usize::cast_from(row)] * (f32::cast_from(shifted) - 1.0f32)
+}
+
+/// `output = W` (`[d_output, d_input]`, contiguous), one unit per weight.
+#[cube(launch)]
+pub fn packed_decode_kernel(
+    codes: &Tensor<u32>,
+    scale: &Tensor<f32>,
+    output: &mut Tensor<f32>,
+    d_input: u32,
+    words_per_row: u32,
+    counter_states: u32,
+    #[comptime] counter: bool,
+) {
+    let index = ABSOLUTE_POS as usize;
+    if index >= output.len() {
+        terminate!();
+    }
+    let width = usize::cast_from(d_input);
+    output[index] = weight_at(
+        codes,
+        scale,
+        u32::cast_from(index / width),
+        u32::cast_from(index % width),
+        words_per_row,
+        counter_states,
+        counter,
+    );
 }
 
 /// `output = input · Wᵀ` (`transposed = false`) or `input · W` (`transposed = true`), f32 and

@@ -37,23 +37,33 @@ pub(crate) fn primitive<const D: usize>(t: Tensor<D>, dtype: DType) -> FloatTens
 pub(crate) const UPDATE_CHUNK: usize = 1 << 14;
 
 /// A contiguous f32 primitive holding `t`'s values (`t` itself when it already is one), for the
-/// in-place update paths that write through `storage_mut`.
+/// in-place update paths that write through `storage_mut` and the paths that read `storage`.
 pub(crate) fn contiguous_f32(t: FloatTensor<Flex>) -> FloatTensor<Flex> {
     let t = match t.dtype() {
         DType::F32 => t,
         _ => Flex::float_cast(t, FloatDType::F32),
     };
-    if t.is_contiguous() {
+    if covers_its_buffer(&t) {
         t
     } else {
         t.to_contiguous()
     }
 }
 
+/// Whether `t`'s elements are its whole buffer, in order: what the paths that read or write
+/// `storage()` (always the whole buffer, from its start) need. A narrowed view can be
+/// contiguous and still start inside its buffer, or end before its end.
+fn covers_its_buffer(t: &FloatTensor<Flex>) -> bool {
+    let layout = t.layout();
+    t.is_contiguous()
+        && layout.start_offset() == 0
+        && t.bytes().len() == layout.num_elements() * t.dtype().size()
+}
+
 /// A contiguous `u32` primitive holding `t`'s values: the packed words of a weight code.
 pub(crate) fn contiguous_u32(t: IntTensor<Flex>) -> IntTensor<Flex> {
     assert_eq!(t.dtype(), DType::U32, "packed weights are u32 words");
-    if t.is_contiguous() {
+    if covers_its_buffer(&t) {
         t
     } else {
         t.to_contiguous()

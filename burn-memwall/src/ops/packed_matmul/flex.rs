@@ -1,5 +1,7 @@
 //! The Flex path: a block of rows decoded on the host, then Flex's matmul.
 
+use std::ops::Range;
+
 use burn::backend::Flex;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::prelude::*;
@@ -9,6 +11,33 @@ use rayon::prelude::*;
 use super::{PackedShape, Product, row_blocks};
 use crate::ops::flex::{contiguous_f32, contiguous_u32, float, primitive};
 
+/// Rows `rows` of the weight packed in `words` and `scale`, decoded: `[rows.len(), d_input]`.
+fn decode(words: &[u32], scale: &[f32], weight: PackedShape, rows: Range<usize>) -> Tensor<2> {
+    let (layout, d_input) = (weight.layout, weight.d_input);
+    let width = layout.words_per_row(d_input);
+    let mut dense = vec![0f32; rows.len() * d_input];
+    dense
+        .par_chunks_mut(d_input.max(1))
+        .zip(rows.clone())
+        .for_each(|(out, row)| {
+            layout.decode_row(&words[row * width..(row + 1) * width], scale[row], out)
+        });
+    Tensor::<2>::from_data(
+        TensorData::new(dense, [rows.len(), d_input]),
+        (&Device::flex(), DType::F32),
+    )
+}
+
+pub(super) fn packed_decode(
+    codes: IntTensor<Flex>,
+    scale: FloatTensor<Flex>,
+    weight: PackedShape,
+) -> FloatTensor<Flex> {
+    let (codes, scale) = (contiguous_u32(codes), contiguous_f32(scale));
+    let (words, scale) = (codes.storage::<u32>(), scale.storage::<f32>());
+    primitive(decode(words, scale, weight, 0..weight.d_output), DType::F32)
+}
+
 pub(super) fn packed_matmul(
     input: FloatTensor<Flex>,
     codes: IntTensor<Flex>,
@@ -17,29 +46,10 @@ pub(super) fn packed_matmul(
     product: Product,
 ) -> FloatTensor<Flex> {
     let input: Tensor<2> = float(input);
-    let device = input.device();
     let (codes, scale) = (contiguous_u32(codes), contiguous_f32(scale));
     let (words, scale) = (codes.storage::<u32>(), scale.storage::<f32>());
-    let PackedShape {
-        layout,
-        d_input,
-        d_output,
-    } = weight;
-    let width = layout.words_per_row(d_input);
-    let decode = |rows: std::ops::Range<usize>| {
-        let mut dense = vec![0f32; rows.len() * d_input];
-        dense
-            .par_chunks_mut(d_input)
-            .zip(rows.clone())
-            .for_each(|(out, row)| {
-                layout.decode_row(&words[row * width..(row + 1) * width], scale[row], out)
-            });
-        Tensor::<2>::from_data(
-            TensorData::new(dense, [rows.len(), d_input]),
-            (&device, DType::F32),
-        )
-    };
-    let blocks = row_blocks(d_input, d_output);
+    let decode = |rows| decode(words, scale, weight, rows);
+    let blocks = row_blocks(weight.d_input, weight.d_output);
     let output = match product {
         Product::Forward => Tensor::cat(
             blocks

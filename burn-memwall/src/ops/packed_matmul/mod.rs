@@ -6,6 +6,9 @@
 //! - Flex: decodes a block of rows at a time (at most [`BLOCK_WEIGHTS`] weights, 1 MiB of f32)
 //!   and hands each block to Flex's matmul.
 //!
+//! [`PackedWeight::rows`] decodes only the rows it is asked for: an embedding lookup in a coded
+//! table, or the target rows of a coded LM head.
+//!
 //! [`PackedTernary`]: crate::ops::ternary_code::PackedTernary
 
 #[cfg(feature = "cube")]
@@ -124,6 +127,14 @@ pub trait PackedMatmulBackend: Backend {
         weight: PackedShape,
         product: Product,
     ) -> FloatTensor<Self>;
+
+    /// The weight packed in `codes` and `scale` itself, `[d_output, d_input]` f32.
+    #[fusion(meta = cube::decode_spec)]
+    fn packed_decode(
+        codes: IntTensor<Self>,
+        scale: FloatTensor<Self>,
+        weight: PackedShape,
+    ) -> FloatTensor<Self>;
 }
 
 impl PackedMatmulBackend for Flex {
@@ -135,6 +146,14 @@ impl PackedMatmulBackend for Flex {
         product: Product,
     ) -> FloatTensor<Self> {
         flex::packed_matmul(input, codes, scale, weight, product)
+    }
+
+    fn packed_decode(
+        codes: IntTensor<Self>,
+        scale: FloatTensor<Self>,
+        weight: PackedShape,
+    ) -> FloatTensor<Self> {
+        flex::packed_decode(codes, scale, weight)
     }
 }
 
@@ -162,7 +181,8 @@ impl PackedWeight {
         self.scale.dims()[0]
     }
 
-    fn product(&self, input: Tensor<2>, product: Product) -> Tensor<2> {
+    /// The shape, after checking that the codes fit it.
+    fn shape(&self) -> PackedShape {
         let weight = PackedShape {
             layout: self.layout,
             d_input: self.d_input,
@@ -177,6 +197,11 @@ impl PackedWeight {
             "packed matmul: the codes must be u32 words, [d_output, words per row] for {:?}",
             self.layout,
         );
+        weight
+    }
+
+    fn product(&self, input: Tensor<2>, product: Product) -> Tensor<2> {
+        let weight = self.shape();
         let (width, _, name) = weight.widths(product);
         assert_eq!(
             input.dims()[1],
@@ -200,6 +225,22 @@ impl PackedWeight {
     /// `dy · W`: `[m, d_output]` → `[m, d_input]`, in f32.
     pub fn matmul_transposed(&self, dy: Tensor<2>) -> Tensor<2> {
         self.product(dy, Product::Transposed)
+    }
+
+    /// Rows `ids` of the weight, `[n, d_input]` f32: `s[id] · t[id, ·]` for each id of `ids`
+    /// (`[n]`, each in `0..d_output`). Only those rows are decoded.
+    pub fn rows(&self, ids: Tensor<1, Int>) -> Tensor<2> {
+        let gathered = Self {
+            codes: self.codes.clone().select(0, ids.clone()),
+            scale: self.scale.clone().select(0, ids),
+            ..self.clone()
+        };
+        let weight = gathered.shape();
+        Tensor::from_dispatch(Dispatch::packed_decode(
+            gathered.codes.into_dispatch(),
+            gathered.scale.into_dispatch(),
+            weight,
+        ))
     }
 
     /// `x · Wᵀ`: `[..., d_input]` → `[..., d_output]`, in `x`'s dtype.
