@@ -4,13 +4,16 @@
 //!
 //! ```text
 //! cargo bench --bench fused_linear_cross_entropy -- [--device flex|wgpu] [--vocabs 32000,50257,128256]
-//!     [--tokens 1024,4096,8192] [--d 512] [--paths fused,recompute,burn] [--chunk TOKENS]
+//!     [--tokens 1024,4096,8192] [--d 512] [--paths fused,recompute,burn,counter,counter-logits] [--chunk TOKENS]
 //!     [--repeats 3] [--json out.json]
 //! ```
 //!
 //! Paths: `fused` (gradients during the forward pass, the default), `recompute` (gradients
-//! recomputed in the backward pass from a saved log-sum-exp) and `burn`. Each (path, vocab,
-//! tokens) runs in its own child process.
+//! recomputed in the backward pass from a saved log-sum-exp) and `burn`. Two more have a head
+//! whose weight is a 6-bit counter code (`CounterLinear`, updated in its own backward):
+//! `counter` walks the vocabulary in blocks (`try_forward_counter`), `counter-logits` forms the
+//! full logits with the layer's forward and takes Burn's loss. Each (path, vocab, tokens) runs
+//! in its own child process.
 
 mod common;
 
@@ -20,6 +23,7 @@ use burn::tensor::Distribution;
 use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, human_bytes};
+use burn_memwall::nn::{CounterLinearConfig, FusedLinearCrossEntropyLossConfig};
 use burn_memwall::ops::fused_linear_cross_entropy::{
     FusedCrossEntropyOptions, GradientPass, fused_linear_cross_entropy,
 };
@@ -137,6 +141,33 @@ fn measure(
         Distribution::Uniform(0.0, vocab as f64),
         &autodiff,
     );
+    if path.starts_with("counter") {
+        let head = CounterLinearConfig::new(args.d, vocab)
+            .with_bias(false)
+            .init(&autodiff)?;
+        let fused = match path {
+            "counter" => true,
+            "counter-logits" => false,
+            other => return Err(format!("unknown path {other}").into()),
+        };
+        let step = || {
+            let loss = if fused {
+                FusedLinearCrossEntropyLossConfig::new()
+                    .init()
+                    .try_forward_counter(hidden.clone(), &head.weights, targets.clone(), None)
+                    .expect("valid shapes and targets")
+            } else {
+                CrossEntropyLossConfig::new()
+                    .init(&autodiff)
+                    .forward(head.forward(hidden.clone()), targets.clone())
+            };
+            hidden
+                .grad(&loss.backward())
+                .expect("the hidden states are tracked")
+        };
+        let measured = common::measure_steps(&device, args.run.repeats, step)?;
+        return Ok(row(path, &device, vocab, tokens, args, measured));
+    }
     let gradients = match path {
         "fused" => Some(GradientPass::DuringForward),
         "recompute" => Some(GradientPass::Recompute),
@@ -166,13 +197,24 @@ fn measure(
             .expect("the weight is tracked")
     };
     let measured = common::measure_steps(&device, args.run.repeats, step)?;
-    Ok(Row {
+    Ok(row(path, &device, vocab, tokens, args, measured))
+}
+
+fn row(
+    path: &str,
+    device: &Device,
+    vocab: usize,
+    tokens: usize,
+    args: &Args,
+    measured: common::Measured,
+) -> Row {
+    Row {
         path: path.to_owned(),
-        device: describe(&device),
+        device: describe(device),
         vocab,
         tokens,
         d: args.d,
         peak_bytes: measured.peak_bytes,
         median_s: measured.median_s,
-    })
+    }
 }

@@ -1,16 +1,22 @@
 //! `CounterLinear` against independent references: its forward is `x · (s·t)ᵀ (+ b)` and its
 //! input gradient `dy · (s·t)` (f64 on the host); its backward updates the code exactly as the
 //! update rule applied to the weight gradient `dyᵀx`; a record resumes it exactly; it learns; and
-//! it persists 0.75 byte per weight plus two floats per row.
+//! it persists 0.75 byte per weight plus two floats per row. The same codes as a token table
+//! (`CounterEmbedding`: its lookup and its update from the summed row gradients) and as an LM
+//! head (`FusedLinearCrossEntropyLoss::try_forward_counter`: its loss and hidden gradient
+//! against full logits in f64, its update against the f64 weight gradient).
 
 mod common;
 
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::nn::LinearConfig;
+use burn::nn::{EmbeddingConfig, LinearConfig};
 use burn::prelude::*;
-use burn_memwall::nn::{CounterLinear, CounterLinearConfig};
+use burn_memwall::nn::{
+    CounterEmbedding, CounterLinear, CounterLinearConfig, FusedLinearCrossEntropyLossConfig,
+};
 use burn_memwall::ops::counter_code::{CounterHyper, code_at, update_row, words_per_row};
 use burn_memwall::ops::counter_linear::HostWeights;
+use burn_memwall::ops::fused_linear_cross_entropy::Reduction;
 use burn_memwall::ops::packed_matmul::BLOCK_WEIGHTS;
 use common::{assert_close, devices, flat, host_tensor, rows_of};
 
@@ -102,13 +108,7 @@ fn backward_applies_the_update_rule_to_the_weight_gradient() {
         // 150 inputs: several per statistic lane, and a partial group of 16 codes.
         let (d_input, d_output) = (150, 24);
         let layer = layer(d_input, d_output, false, &device);
-        let hyper = CounterHyper {
-            learning_rate: 0.05,
-            scale_learning_rate: 1e-3,
-            beta: 0.99,
-            epsilon: 1e-8,
-            seed: 0,
-        };
+        let hyper = hyper();
         let mut want = layer.weights.host();
         let mut changed = 0;
         for step in 0..3 {
@@ -368,4 +368,271 @@ fn the_update_takes_the_in_backward_steps_learning_rate() {
         .step(&mut optimizer, step_learning_rate, layer, loss)
         .unwrap();
     assert_eq!(layer.weights.host(), want);
+}
+
+/// The hyperparameters of [`layer`], as the update rule takes them.
+fn hyper() -> CounterHyper {
+    CounterHyper {
+        learning_rate: 0.05,
+        scale_learning_rate: 1e-3,
+        beta: 0.99,
+        epsilon: 1e-8,
+        seed: 0,
+    }
+}
+
+/// `want` after one update (step 0) of every row from `gradient` (`[rows][d_input]`).
+fn update_all_rows(want: &mut HostWeights, gradient: &[Vec<f32>]) {
+    let (d_input, width) = (want.d_input, words_per_row(want.d_input));
+    for (r, gradient) in gradient.iter().enumerate() {
+        assert_eq!(gradient.len(), d_input);
+        update_row(
+            want.code,
+            &hyper(),
+            0,
+            r,
+            &mut want.words[r * width..(r + 1) * width],
+            gradient,
+            &mut want.mean_square[r],
+            &mut want.scale[r],
+        );
+    }
+}
+
+/// Codes of `a` that differ from `b`'s.
+fn changed_codes(a: &HostWeights, b: &HostWeights) -> usize {
+    let width = words_per_row(a.d_input);
+    (0..a.scale.len() * a.d_input)
+        .filter(|&e| {
+            let (r, j) = (e / a.d_input, e % a.d_input);
+            code_at(&a.words[r * width..], j) != code_at(&b.words[r * width..], j)
+        })
+        .count()
+}
+
+#[test]
+fn an_embedding_looks_up_its_rows_and_updates_as_a_dense_gradient_would() {
+    let _turn = common::take_turn();
+    // 7000 × 40 weights: two row blocks of the update (6553 rows, then 447).
+    let (vocab, d) = (7000, 40);
+    assert!(vocab * d > BLOCK_WEIGHTS && 6553 * d <= BLOCK_WEIGHTS);
+    // Repeated ids, both blocks, both ends.
+    let ids = [[3i64, 6999, 3, 512], [6998, 0, 3, 6553]];
+    for device in devices() {
+        let device = device.autodiff();
+        let mut table = EmbeddingConfig::new(vocab, d).init(&device);
+        table.weight = Param::from_tensor(host_tensor([vocab, d], 0.4, &device) * 0.05);
+        let config = CounterLinearConfig::new(1, 1)
+            .with_scale_learning_rate(1e-3)
+            .with_learning_rate(0.05);
+        let layer = CounterEmbedding::from_embedding(&table, &config).unwrap();
+        let before = layer.weights.host();
+        let rows = dense(&before);
+        let tokens = Tensor::<2, Int>::from_data(ids, &device);
+        let out = layer.forward(tokens);
+        let want: Vec<Vec<f64>> = ids
+            .concat()
+            .iter()
+            .map(|&id| rows[id as usize].clone())
+            .collect();
+        let got = out.clone().inner().reshape([8, d]).into_data();
+        assert_close("lookup", &device, 0.0, got, flat(&want));
+
+        // Eighths: every sum of them is exact in f32, in any order.
+        let dy: Vec<f32> = (0..8 * d)
+            .map(|i| ((i * 7) % 11) as f32 / 8.0 - 0.625)
+            .collect();
+        let dy_tensor = Tensor::<1>::from_floats(dy.as_slice(), &device).reshape([2, 4, d]);
+        (out * dy_tensor).sum().backward();
+        let mut gradient = vec![vec![0f32; d]; vocab];
+        for (position, &id) in ids.concat().iter().enumerate() {
+            for (g, dy) in gradient[id as usize].iter_mut().zip(&dy[position * d..]) {
+                *g += dy;
+            }
+        }
+        let mut want = before.clone();
+        update_all_rows(&mut want, &gradient);
+        let got = layer.weights.host();
+        assert_eq!(got, want, "{device:?}");
+        assert!(
+            changed_codes(&got, &before) > 10,
+            "the update must move codes"
+        );
+        assert_eq!(layer.weights.step(), 1);
+    }
+}
+
+#[test]
+fn an_embedding_refuses_an_id_outside_its_table() {
+    let device = Device::flex();
+    let table = EmbeddingConfig::new(10, 8).init(&device);
+    let layer = CounterEmbedding::from_embedding(&table, &CounterLinearConfig::new(1, 1)).unwrap();
+    let tokens = Tensor::<2, Int>::from_data([[1i64, 10]], &device);
+    let panic = std::panic::catch_unwind(|| layer.forward(tokens)).unwrap_err();
+    let message = panic.downcast_ref::<String>().unwrap();
+    assert!(
+        message.contains("token id 10 is outside [0, 10)"),
+        "{message}"
+    );
+}
+
+/// A head drawn on the host, its f64 weights, and `[tokens][d]` hidden states.
+fn head_case(
+    vocab: usize,
+    d: usize,
+    tokens: usize,
+    device: &Device,
+) -> (CounterLinear, Vec<Vec<f64>>, Tensor<2>) {
+    let head = layer(d, vocab, false, device);
+    let weights = dense(&head.weights.host());
+    let hidden = host_tensor([tokens, d], 0.9, device) * 2.0;
+    (head, weights, hidden)
+}
+
+/// Per-token loss and `∂loss_t/∂logits` of `hidden · Wᵀ` in f64.
+fn reference_token_losses(
+    weights: &[Vec<f64>],
+    hidden: &[Vec<f64>],
+    targets: &[i64],
+) -> Vec<(f64, Vec<f64>)> {
+    hidden
+        .iter()
+        .zip(targets)
+        .map(|(h, &target)| {
+            let logits: Vec<f64> = weights
+                .iter()
+                .map(|w| w.iter().zip(h).map(|(w, h)| w * h).sum())
+                .collect();
+            let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let lse = max + logits.iter().map(|z| (z - max).exp()).sum::<f64>().ln();
+            let mut d_logits: Vec<f64> = logits.iter().map(|z| (z - lse).exp()).collect();
+            d_logits[target as usize] -= 1.0;
+            (lse - logits[target as usize], d_logits)
+        })
+        .collect()
+}
+
+#[test]
+fn a_counter_head_loss_matches_full_logits_and_updates_from_the_exact_weight_gradient() {
+    let _turn = common::take_turn();
+    // 600 tokens of width 40: blocks of 436 vocabulary rows, five of them.
+    let (vocab, d, tokens) = (2000, 40, 600);
+    let ignored = 7;
+    for device in devices() {
+        let device = device.autodiff();
+        let (head, weights, hidden) = head_case(vocab, d, tokens, &device);
+        let targets: Vec<i64> = (0..tokens as i64)
+            .map(|t| {
+                if t % 50 == 3 {
+                    ignored
+                } else {
+                    (t * 37) % vocab as i64
+                }
+            })
+            .collect();
+        let loss = FusedLinearCrossEntropyLossConfig::new()
+            .with_ignore_index(Some(ignored as usize))
+            .init();
+        let before = head.weights.host();
+        let hidden = hidden.require_grad();
+        let got = loss
+            .try_forward_counter(
+                hidden.clone(),
+                &head.weights,
+                Tensor::<1, Int>::from_data(targets.as_slice(), &device),
+                None,
+            )
+            .unwrap();
+        let h = rows_of(hidden.clone().inner());
+        let kept: Vec<usize> = (0..tokens).filter(|&t| targets[t] != ignored).collect();
+        let per_token = reference_token_losses(
+            &weights,
+            &kept.iter().map(|&t| h[t].clone()).collect::<Vec<_>>(),
+            &kept.iter().map(|&t| targets[t]).collect::<Vec<_>>(),
+        );
+        let n = kept.len() as f64;
+        let want_loss = per_token.iter().map(|(l, _)| l).sum::<f64>() / n;
+        let case = &device;
+        assert_close(
+            "loss",
+            case,
+            1e-5,
+            got.clone().inner().into_data(),
+            TensorData::from([want_loss]),
+        );
+
+        let grads = got.backward();
+        let mut want_dh = vec![vec![0f64; d]; tokens];
+        let mut gradient = vec![vec![0f64; d]; vocab];
+        for (&t, (_, d_logits)) in kept.iter().zip(&per_token) {
+            for (v, g) in d_logits.iter().enumerate() {
+                for j in 0..d {
+                    want_dh[t][j] += g / n * weights[v][j];
+                    gradient[v][j] += g / n * h[t][j];
+                }
+            }
+        }
+        let dh = hidden.grad(&grads).unwrap().into_data();
+        assert_close("d_hidden", case, 1e-4, dh, flat(&want_dh));
+        let gradient: Vec<Vec<f32>> = gradient
+            .iter()
+            .map(|row| row.iter().map(|&g| g as f32).collect())
+            .collect();
+        let mut want = before.clone();
+        update_all_rows(&mut want, &gradient);
+        let got = head.weights.host();
+        // The statistics from an f32 gradient against one rounded from f64.
+        for (what, got, want) in [
+            ("scale", &got.scale, &want.scale),
+            ("mean_square", &got.mean_square, &want.mean_square),
+        ] {
+            let got = TensorData::new(got.clone(), [vocab]);
+            assert_close(
+                what,
+                case,
+                1e-4,
+                got,
+                TensorData::new(want.clone(), [vocab]),
+            );
+        }
+        // A code differs only where the two gradients round a tick to opposite sides.
+        let (moved, mismatched) = (changed_codes(&got, &before), changed_codes(&got, &want));
+        assert!(moved > 100, "the update moved only {moved} codes");
+        assert!(
+            mismatched * 1000 <= moved,
+            "{mismatched} of {moved} moved codes differ"
+        );
+        assert_eq!(head.weights.step(), 1);
+    }
+}
+
+#[test]
+fn a_counter_head_loss_refuses_what_it_does_not_compute() {
+    let device = Device::flex();
+    let (head, _, hidden) = head_case(30, 8, 4, &device);
+    let targets = || Tensor::<1, Int>::from_data([1i64, 2, 3, 30], &device);
+    let try_loss = |config: FusedLinearCrossEntropyLossConfig, targets| {
+        config
+            .init()
+            .try_forward_counter(hidden.clone(), &head.weights, targets, None)
+            .unwrap_err()
+            .to_string()
+    };
+    let out_of_range = try_loss(FusedLinearCrossEntropyLossConfig::new(), targets());
+    assert!(
+        out_of_range.contains("target 30 of token 3"),
+        "{out_of_range}"
+    );
+    let in_range = || Tensor::<1, Int>::from_data([1i64, 2, 3, 4], &device);
+    let smoothing = try_loss(
+        FusedLinearCrossEntropyLossConfig::new().with_label_smoothing(0.1),
+        in_range(),
+    );
+    assert!(smoothing.contains("label smoothing"), "{smoothing}");
+    let per_token = try_loss(
+        FusedLinearCrossEntropyLossConfig::new().with_reduction(Reduction::None),
+        in_range(),
+    );
+    assert!(per_token.contains("reduced"), "{per_token}");
+    assert_eq!(head.weights.step(), 0);
 }

@@ -1,6 +1,7 @@
 //! The fused loss's memory claim: with the vocabulary fixed, forward + backward at 4× the tokens
 //! peaks at most 1.3× higher, where Burn's `Linear` + `CrossEntropyLoss` grows with
-//! `tokens × vocab`.
+//! `tokens × vocab`. With a counter-coded head, forward + backward holds at most half the
+//! logits or a dense weight gradient (on Flex).
 
 mod common;
 
@@ -8,6 +9,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_memwall::memory::CountingAllocator;
+use burn_memwall::nn::{CounterLinearConfig, FusedLinearCrossEntropyLossConfig};
 use burn_memwall::ops::fused_linear_cross_entropy::{
     FusedCrossEntropyOptions, fused_linear_cross_entropy,
 };
@@ -88,4 +90,63 @@ fn four_times_the_tokens_peaks_at_most_1_3_times_higher() {
             "{name}: at 2048 tokens: fused {fused_4n} vs Burn {burn_4n}"
         );
     }
+}
+
+/// Forward + backward of an LM head whose weight is a counter code (`[vocab, d]`), through the
+/// fused loss or through full logits and Burn's loss; bytes held at the peak above what was live.
+fn counter_head_peak(fused: bool, device: &Device) -> u64 {
+    const TOKENS: usize = 256;
+    const VOCAB: usize = 16384;
+    const D: usize = 256;
+    let autodiff = device.clone().autodiff();
+    let head = CounterLinearConfig::new(D, VOCAB)
+        .with_bias(false)
+        .init(&autodiff)
+        .unwrap();
+    let normal = Distribution::Normal(0.0, 1.0);
+    let hidden = Tensor::<2>::random([TOKENS, D], normal, &autodiff).require_grad();
+    let targets = Tensor::<1, Int>::random(
+        [TOKENS],
+        Distribution::Uniform(0.0, VOCAB as f64),
+        &autodiff,
+    );
+    common::peak_of(device, || {
+        let loss = if fused {
+            FusedLinearCrossEntropyLossConfig::new()
+                .init()
+                .try_forward_counter(hidden, &head.weights, targets, None)
+                .unwrap()
+        } else {
+            let logits = head.forward(hidden);
+            CrossEntropyLossConfig::new()
+                .init(&logits.device())
+                .forward(logits, targets)
+        };
+        drop(loss.backward());
+    })
+}
+
+#[test]
+fn a_counter_head_holds_neither_the_logits_nor_a_dense_weight_gradient() {
+    let _turn = common::take_turn();
+    // 256 tokens × 16384 ids, and 16384 × 256 weights: 16 MiB of f32 each.
+    let (logits, dense_gradient): (u64, u64) = (256 * 16384 * 4, 16384 * 256 * 4);
+    // Flex, where every heap byte is counted from a reset peak. A Cube device's pools report
+    // their highest reservation since the device started, which other tests of this process
+    // set (and would see this one's pages); `counter_linear.rs` checks the Cube path's values.
+    let device = Device::flex();
+    counter_head_peak(true, &device); // first-use allocations
+    let (fused, full) = (
+        counter_head_peak(true, &device),
+        counter_head_peak(false, &device),
+    );
+    eprintln!("counter head: fused {fused} B, full logits {full} B");
+    assert!(
+        full >= logits,
+        "the measurement must see the logits ({full} B)"
+    );
+    assert!(
+        fused * 2 <= logits.min(dense_gradient),
+        "the counter head's fused loss held {fused} B"
+    );
 }

@@ -30,6 +30,7 @@ use crate::ops::counter_code::{CounterCode, CounterCodeError, CounterHyper, SCAL
 use crate::ops::counter_code::{row_codes, set_code, words_per_row};
 use crate::ops::counter_linear::{CounterTensors, HostWeights};
 use crate::ops::handwritten_backward::{BackwardContext, HandwrittenBackward, attach_backward};
+use crate::ops::packed_matmul::PackedWeight;
 use crate::ops::ternary_code::PackedTernary;
 use crate::optim::InBackward;
 
@@ -71,11 +72,9 @@ impl CounterLinearConfig {
         self.init_from_linear(&linear)
     }
 
-    /// A layer holding `linear`'s weights as codes: per output row, the scale is the mean
-    /// absolute weight and each weight's `(t, c)` the nearest `t + c/C` to `w / s`. The bias is
-    /// copied.
+    /// A layer holding `linear`'s weights as codes (see [`Self::weights_from_rows`]); the bias
+    /// is copied.
     pub fn init_from_linear(&self, linear: &Linear) -> Result<CounterLinear, CounterCodeError> {
-        let code = CounterCode::new(self.counter_limit)?;
         let weight = linear.weight.val();
         let [d_input, d_output] = weight.dims();
         assert_eq!(
@@ -83,9 +82,23 @@ impl CounterLinearConfig {
             (self.d_input, self.d_output),
             "the linear's shape differs from the config's"
         );
-        let device = weight.device();
-        let rows = weight
-            .transpose()
+        Ok(CounterLinear {
+            weights: self.weights_from_rows(weight.transpose())?,
+            bias: linear.bias.clone(),
+        })
+    }
+
+    /// `rows` (`[d_output, d_input]`) as codes: per row, the scale is the mean absolute weight
+    /// and each weight's `(t, c)` the nearest `t + c/C` to `w / s`. The shape fields and the
+    /// bias of the config are not read.
+    pub(crate) fn weights_from_rows(
+        &self,
+        rows: Tensor<2>,
+    ) -> Result<CounterWeights, CounterCodeError> {
+        let code = CounterCode::new(self.counter_limit)?;
+        let [d_output, d_input] = rows.dims();
+        let device = rows.device();
+        let rows = rows
             .into_data()
             .try_into_vec_as::<f32>()
             .expect("f32 weights");
@@ -109,10 +122,7 @@ impl CounterLinearConfig {
             scale,
             mean_square: vec![0.0; d_output],
         };
-        Ok(CounterLinear {
-            weights: CounterWeights::new(host, self.hyper(), &device),
-            bias: linear.bias.clone(),
-        })
+        Ok(CounterWeights::new(host, self.hyper(), &device))
     }
 
     fn hyper(&self) -> CounterHyper {
@@ -223,6 +233,32 @@ impl CounterWeights {
         self.lock().tensors.codes.device()
     }
 
+    /// The weight `s·t`, for its products (handles to the tensors of now).
+    pub(crate) fn packed(&self) -> PackedWeight {
+        self.lock().tensors.weight()
+    }
+
+    /// One training step of these weights, in a backward pass: `work` gets the state, the
+    /// step's scalars (the learning rate of `in_backward`'s running step, if any) and the step
+    /// number, and updates the rows it has gradients for; the step then counts.
+    pub(crate) fn train_step<R>(
+        &self,
+        in_backward: Option<&InBackward>,
+        work: impl FnOnce(&mut CounterTensors, &CounterHyper, u32) -> R,
+    ) -> R {
+        let mut state = self.lock();
+        let learning_rate =
+            in_backward.and_then(|in_backward| in_backward.learning_rate(state.ids[0]));
+        let hyper = CounterHyper {
+            learning_rate: learning_rate.map_or(self.hyper.learning_rate, |lr| lr as f32),
+            ..self.hyper
+        };
+        let step = state.step as u32;
+        let result = work(&mut state.tensors, &hyper, step);
+        state.step += 1;
+        result
+    }
+
     /// The weights read back on the host.
     pub fn host(&self) -> HostWeights {
         self.lock().tensors.host()
@@ -250,7 +286,7 @@ impl CounterWeights {
         let rows = dims[..D - 1].iter().product();
         let dtype = x.dtype();
         let x = x.reshape([rows, self.d_input]);
-        let weight = self.lock().tensors.weight();
+        let weight = self.packed();
         let mut out_dims = dims;
         out_dims[D - 1] = weight.d_output();
         let output = |x: Tensor<2>| weight.matmul(x).cast(dtype);
@@ -295,25 +331,13 @@ impl HandwrittenBackward for CounterBackward {
         } = *self;
         let dtype = input.dtype();
         let dy = Tensor::<2>::from_dispatch(output_gradient).cast(FloatDType::F32);
-        let mut state = weights.lock();
-        // The input's gradient reads the weights before this step's update.
-        let dx = state
-            .tensors
-            .weight()
-            .matmul_transposed(dy.clone())
-            .cast(dtype);
-        let learning_rate = in_backward
-            .as_ref()
-            .and_then(|in_backward| in_backward.learning_rate(state.ids[0]));
-        let hyper = CounterHyper {
-            learning_rate: learning_rate.map_or(weights.hyper.learning_rate, |lr| lr as f32),
-            ..weights.hyper
-        };
-        let step = state.step as u32;
-        state
-            .tensors
-            .update(&hyper, step, &input.cast(FloatDType::F32), &dy);
-        state.step += 1;
+        let dx = weights.train_step(in_backward.as_ref(), |tensors, hyper, step| {
+            // The input's gradient reads the weights before this step's update.
+            let dx = tensors.weight().matmul_transposed(dy.clone());
+            tensors.update(hyper, step, &input.cast(FloatDType::F32), &dy);
+            dx
+        });
+        let dx = dx.cast(dtype);
         dx.into_dispatch()
     }
 }

@@ -6,10 +6,13 @@ use burn::module::Module;
 use burn::nn::{Embedding, Linear};
 use burn::prelude::*;
 
+use super::CounterWeights;
+use super::counter_cross_entropy::counter_cross_entropy;
 use crate::ops::fused_linear_cross_entropy::{
     FusedCrossEntropyError, FusedCrossEntropyOptions, GradientPass, Reduction,
     try_fused_linear_cross_entropy,
 };
+use crate::optim::InBackward;
 
 /// Configuration of [`FusedLinearCrossEntropyLoss`]; the defaults are plain mean cross-entropy,
 /// as `CrossEntropyLossConfig::new()`.
@@ -106,6 +109,27 @@ impl FusedLinearCrossEntropyLoss {
             .unwrap_or_else(|error| panic!("{error}"))
     }
 
+    /// The loss of logits `hidden · Wᵀ` for a head whose weight `W` (`[vocab, d_model]`) is a
+    /// counter code: a [`CounterLinear`]'s weights, or a [`CounterEmbedding`]'s table when the
+    /// head is tied to it. The vocabulary is walked in blocks (see `counter_cross_entropy.rs`),
+    /// so neither the logits nor a dense weight gradient exist; the backward pass updates the
+    /// code (at the learning rate of `in_backward`'s running step, if any). `chunk_size` and
+    /// `gradients` are not read; label smoothing, the z-loss, soft-capping and
+    /// `Reduction::None` are refused.
+    ///
+    /// [`CounterLinear`]: super::CounterLinear
+    /// [`CounterEmbedding`]: super::CounterEmbedding
+    pub fn try_forward_counter<const D: usize, const T: usize>(
+        &self,
+        hidden: Tensor<D>,
+        head: &CounterWeights,
+        targets: Tensor<T, Int>,
+        in_backward: Option<&InBackward>,
+    ) -> Result<Tensor<1>, FusedCrossEntropyError> {
+        let (hidden, targets) = flat_tokens(hidden, targets)?;
+        counter_cross_entropy(hidden, head, targets, &self.options, in_backward)
+    }
+
     /// The loss of logits `hidden · weightᵀ + bias` for a head the caller has read:
     /// `weight` is `[vocab, d_model]` and `bias` `[vocab]` (for example routed through
     /// [`crate::optim::InBackward`]).
@@ -116,18 +140,21 @@ impl FusedLinearCrossEntropyLoss {
         bias: Option<Tensor<1>>,
         targets: Tensor<T, Int>,
     ) -> Result<Tensor<1>, FusedCrossEntropyError> {
-        let (hidden_dims, target_dims) = (hidden.dims(), targets.dims());
-        if D < 2 || hidden_dims[..D - 1] != target_dims[..] {
-            return Err(FusedCrossEntropyError(format!(
-                "hidden {hidden_dims:?} must be targets {target_dims:?} followed by d_model"
-            )));
-        }
-        try_fused_linear_cross_entropy(
-            hidden.flatten(0, D - 2),
-            weight,
-            bias,
-            targets.flatten(0, T - 1),
-            self.options,
-        )
+        let (hidden, targets) = flat_tokens(hidden, targets)?;
+        try_fused_linear_cross_entropy(hidden, weight, bias, targets, self.options)
     }
+}
+
+/// `[..., d_model]` hidden states and `[...]` targets as `[tokens, d_model]` and `[tokens]`.
+fn flat_tokens<const D: usize, const T: usize>(
+    hidden: Tensor<D>,
+    targets: Tensor<T, Int>,
+) -> Result<(Tensor<2>, Tensor<1, Int>), FusedCrossEntropyError> {
+    let (hidden_dims, target_dims) = (hidden.dims(), targets.dims());
+    if D < 2 || hidden_dims[..D - 1] != target_dims[..] {
+        return Err(FusedCrossEntropyError(format!(
+            "hidden {hidden_dims:?} must be targets {target_dims:?} followed by d_model"
+        )));
+    }
+    Ok((hidden.flatten(0, D - 2), targets.flatten(0, T - 1)))
 }

@@ -3,6 +3,7 @@
 //!
 //! - [`CounterLinear`]: a linear of 6-bit counter synapses that updates itself in its own
 //!   backward (no weight parameter, no optimizer state), on [`crate::ops::counter_linear`];
+//!   [`CounterEmbedding`], a token table of the same codes;
 //! - [`TernaryLinear`]: BitNet b1.58 quantisation-aware training of a linear, exported packed in
 //!   2 bits per weight;
 //! - [`FlashMultiHeadAttention`]: Burn's multi-head attention on [`crate::ops::flash_attention`];
@@ -13,6 +14,8 @@
 //! - [`ReversibleSequence`]: additive coupling blocks whose activation memory does not grow with
 //!   depth, on [`crate::ops::handwritten_backward`].
 
+mod counter_cross_entropy;
+mod counter_embedding;
 mod counter_linear;
 mod flash_mha;
 mod fused_linear_cross_entropy_loss;
@@ -20,6 +23,7 @@ mod reversible;
 mod routed;
 mod ternary_linear;
 
+pub use counter_embedding::CounterEmbedding;
 pub use counter_linear::{CounterLinear, CounterLinearConfig, CounterWeights};
 pub use flash_mha::{FlashMhaError, FlashMhaInput, FlashMultiHeadAttention};
 pub use fused_linear_cross_entropy_loss::{

@@ -8,7 +8,7 @@ use burn::prelude::*;
 use burn::tensor::DType;
 use burn::tensor::module::{embedding, linear};
 
-use super::{CounterLinear, TernaryLinear, ternary_linear};
+use super::{CounterEmbedding, CounterLinear, TernaryLinear, ternary_linear};
 use crate::optim::InBackward;
 use crate::optim::in_backward::param_value;
 
@@ -55,6 +55,12 @@ impl<'a> Routed<'a> {
             Some(bias) => y + self.param(bias, &x).unsqueeze(),
             None => y,
         }
+    }
+
+    /// `layer.forward(tokens)`: `[batch, seq]` ids → `[batch, seq, d_model]`; the table updates
+    /// itself in backward at the step's learning rate.
+    pub fn counter_embedding(&self, layer: &CounterEmbedding, tokens: Tensor<2, Int>) -> Tensor<3> {
+        layer.lookup(tokens, self.in_backward)
     }
 
     /// `norm.forward(x)`: `[..., d_model]` → `[..., d_model]`, with the same arithmetic.

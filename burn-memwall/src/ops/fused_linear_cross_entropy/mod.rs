@@ -245,7 +245,7 @@ fn row_loss(options: &FusedCrossEntropyOptions) -> Result<RowLoss, FusedCrossEnt
 
 /// The rows whose target is not `ignore_index`, and their targets, after checking every target
 /// against the vocabulary.
-fn kept_rows(
+pub(crate) fn kept_rows(
     targets: &Tensor<1, Int>,
     vocab: usize,
     ignore_index: Option<usize>,
