@@ -60,6 +60,9 @@ enum LinearArg {
     /// optimizer state). With an in-backward optimizer their step follows the learning-rate
     /// schedule; without, it is a fixed 1e-3.
     Counter,
+    /// `counter` in the blocks, and the embedding and the head as counter codes too: no dense
+    /// matrix is left.
+    CounterAll,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -78,7 +81,7 @@ struct Args {
     model: String,
     /// The set of switches to train with: baseline (Burn's own path), memwall (flash attention,
     /// fused loss, full-width reversible blocks, FusedAdamW in backward), memwall-sgd (SGD in
-    /// backward) or memwall-counter (counter linears). The flags below override single parts.
+    /// backward) or memwall-counter (every matrix a counter code). The flags below override single parts.
     #[arg(long, default_value = "memwall")]
     stack: String,
     /// Attention implementation; both train the same weights.
@@ -87,7 +90,8 @@ struct Args {
     /// Block structure; `reversible` has the same parameters in another architecture.
     #[arg(long, value_enum)]
     blocks: Option<BlocksArg>,
-    /// The blocks' linears (attention and MLP); embeddings, norms and head stay dense.
+    /// The model's matrices: `ternary` and `counter` the blocks' linears (embedding and head
+    /// stay dense), `counter-all` every matrix. The norms stay dense.
     #[arg(long, value_enum)]
     linear: Option<LinearArg>,
     /// Loss implementation; both train the same weights to the same loss.
@@ -187,6 +191,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             LinearArg::Dense => LinearKind::Dense,
             LinearArg::Ternary => LinearKind::Ternary,
             LinearArg::Counter => LinearKind::Counter,
+            LinearArg::CounterAll => LinearKind::CounterAll,
         };
     }
     if let Some(loss) = args.loss {

@@ -29,7 +29,7 @@ fn logits_have_batch_seq_vocab_shape_on_every_device() {
     for device in common::devices() {
         let reversible = small_gqa().with_blocks(BlockKind::Reversible);
         let ternary = small_gqa().with_linear(LinearKind::Ternary);
-        let counter = reversible.clone().with_linear(LinearKind::Counter);
+        let counter = reversible.clone().with_linear(LinearKind::CounterAll);
         for config in [
             LmConfig::preset("tiny").unwrap(),
             small_gqa(),
@@ -191,16 +191,16 @@ fn param_count_is_exact() {
     }
 }
 
-/// Counter linears hold no weight parameter: the blocks' weights are codes of 0.75 byte, and
-/// only the embedding, norms and head are left for the optimizer.
+/// A `CounterAll` model holds no weight parameter: the blocks' linears, the embedding and the
+/// head are codes of 0.75 byte, and only the norms are left for the optimizer.
 #[test]
-fn counter_linears_leave_only_embedding_norms_and_head_to_the_optimizer() {
+fn counter_codes_leave_only_the_norms_to_the_optimizer() {
     let device = Device::flex().autodiff();
     let config = LmConfig {
         d_ff: 96,
         ..small_gqa()
     };
-    let counter = config.clone().with_linear(LinearKind::Counter);
+    let counter = config.clone().with_linear(LinearKind::CounterAll);
     let model = counter.init(&device).unwrap();
     struct Sizes {
         trained: usize,
@@ -225,11 +225,14 @@ fn counter_linears_leave_only_embedding_norms_and_head_to_the_optimizer() {
     let d = config.d_model;
     let kv = config.n_kv_heads * config.d_head();
     let block_weights = config.n_layers * (2 * d * d + 2 * d * kv + 3 * d * config.d_ff);
-    let others = config.param_count() - block_weights;
-    assert_eq!(sizes.trained, others);
-    // 48- and 96-wide inputs are whole groups of 16 codes; one i32 step per linear.
-    let linears = config.n_layers * 7;
-    assert_eq!(sizes.int_bytes, block_weights * 3 / 4 + 4 * linears);
+    let heads = if config.tie_embeddings { 1 } else { 2 };
+    let coded = block_weights + heads * config.vocab_size * d;
+    let norms = (2 * config.n_layers + 1) * d;
+    assert_eq!(config.param_count(), coded + norms);
+    assert_eq!(sizes.trained, norms);
+    // 48- and 96-wide rows are whole groups of 16 codes; one i32 step per coded matrix.
+    let matrices = config.n_layers * 7 + heads;
+    assert_eq!(sizes.int_bytes, coded * 3 / 4 + 4 * matrices);
 }
 
 #[test]

@@ -466,7 +466,7 @@ fn stacks_resolve_to_their_switches() {
             Flash,
             Fused,
             BlockKind::Reversible,
-            LinearKind::Counter,
+            LinearKind::CounterAll,
             StepOptimizer::InBackwardFusedAdamW,
         ),
     ];

@@ -163,7 +163,7 @@ impl LmConfig {
     }
 
     /// Exact number of weights of the model this config builds (trainable scalars; for counter
-    /// linears, the weights their codes hold). Standard and reversible blocks have the same.
+    /// codes, the weights they hold). Standard and reversible blocks have the same.
     pub fn param_count(&self) -> usize {
         let d = self.d_model;
         let kv = self.n_kv_heads * self.d_head();

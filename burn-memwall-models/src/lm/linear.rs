@@ -8,8 +8,9 @@ use burn_memwall::nn::{
 };
 use serde::{Deserialize, Serialize};
 
-/// How the blocks' linears hold and train their weights. Embeddings, norms and the head stay
-/// as they are, trained by the chosen optimizer.
+/// How the model's matrices hold and train their weights. `Dense`, `Ternary` and `Counter`
+/// apply to the blocks' linears, and the embedding and head stay dense; `CounterAll` codes the
+/// embedding and the head too. Norms always stay dense, trained by the chosen optimizer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LinearKind {
     /// `burn::nn::Linear`: f32 weights, trained by the optimizer (with its state).
@@ -20,6 +21,11 @@ pub enum LinearKind {
     /// `burn_memwall::nn::CounterLinear`: 6-bit counter synapses that update themselves in
     /// backward; no weight parameter and no optimizer state.
     Counter,
+    /// `Counter` in the blocks, and the embedding and the head as counter codes too
+    /// (`burn_memwall::nn::CounterEmbedding`, and a `CounterLinear` head read by the fused
+    /// loss a block of the vocabulary at a time): no dense matrix is left. The coded table and
+    /// head learn more slowly at first than dense ones trained by AdamW (docs/BENCHMARKS.md).
+    CounterAll,
 }
 
 /// One linear of a block, without bias.
@@ -42,9 +48,8 @@ impl BlockLinear {
                     .with_bias(false)
                     .init_from_linear(linear),
             ),
-            LinearKind::Counter => Self::Counter(
-                CounterLinearConfig::new(d_input, d_output)
-                    .with_bias(false)
+            LinearKind::Counter | LinearKind::CounterAll => Self::Counter(
+                counter_config(d_input, d_output)
                     .init_from_linear(&linear)
                     .expect("the default counter limit is valid"),
             ),
@@ -59,4 +64,9 @@ impl BlockLinear {
             Self::Counter(layer) => route.counter_linear(layer, x),
         }
     }
+}
+
+/// The counter settings of every coded matrix of the model: the defaults, without bias.
+pub(crate) fn counter_config(d_input: usize, d_output: usize) -> CounterLinearConfig {
+    CounterLinearConfig::new(d_input, d_output).with_bias(false)
 }

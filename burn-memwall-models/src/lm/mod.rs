@@ -9,6 +9,7 @@ mod reversible;
 
 pub use attention::CausalSelfAttention;
 pub use config::{AttentionKind, BlockKind, LmConfig, LossKind, MlpKind, PRESETS, human_count};
+use linear::counter_config;
 pub use linear::{BlockLinear, LinearKind};
 pub use mlp::Mlp;
 pub use model::{Block, LanguageModel};

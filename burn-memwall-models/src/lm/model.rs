@@ -8,12 +8,14 @@ use burn::nn::{
 };
 use burn::prelude::*;
 
-use burn_memwall::nn::{FusedLinearCrossEntropyLossConfig, ReversibleSequence, Routed};
+use burn_memwall::nn::{
+    CounterEmbedding, CounterLinear, FusedLinearCrossEntropyLossConfig, ReversibleSequence, Routed,
+};
 use burn_memwall::optim::InBackward;
 
 use super::{
-    AttentionCoupling, BlockKind, CausalSelfAttention, LmConfig, LossKind, Mlp, MlpCoupling,
-    reversible_blocks,
+    AttentionCoupling, BlockKind, CausalSelfAttention, LinearKind, LmConfig, LossKind, Mlp,
+    MlpCoupling, counter_config, reversible_blocks,
 };
 use crate::Error;
 
@@ -51,15 +53,20 @@ impl Block {
 }
 
 /// Token embedding → blocks → RMSNorm → LM head (tied to the embedding or its own `Linear`).
+/// With [`LinearKind::CounterAll`] the embedding and the head are counter codes, in
+/// `coded_embedding` and `coded_head`; otherwise they are Burn's layers, in `embedding` and
+/// `head` (the record's names do not depend on the other switches).
 #[derive(Module, Debug)]
 pub struct LanguageModel {
-    embedding: Embedding,
+    embedding: Option<Embedding>,
+    coded_embedding: Option<CounterEmbedding>,
     /// The standard blocks (none when the blocks are reversible).
     blocks: Vec<Block>,
     /// The reversible blocks, for [`BlockKind::Reversible`]: two streams of `d_model` each.
     reversible: Option<ReversibleSequence<AttentionCoupling, MlpCoupling>>,
     norm: RmsNorm,
     head: Option<Linear>,
+    coded_head: Option<CounterLinear>,
     rope: RotaryEncoding,
     vocab_size: usize,
     max_seq_len: usize,
@@ -86,8 +93,21 @@ impl LmConfig {
                 .with_bias(false)
                 .init(device)
         });
+        let coded = self.linear == LinearKind::CounterAll;
+        let config = counter_config(self.d_model, self.vocab_size);
+        let coded_embedding = coded
+            .then(|| CounterEmbedding::from_embedding(&embedding, &config))
+            .transpose()
+            .expect("the default counter limit is valid");
+        let coded_head = head
+            .as_ref()
+            .filter(|_| coded)
+            .map(|head| config.init_from_linear(head))
+            .transpose()
+            .expect("the default counter limit is valid");
         Ok(LanguageModel {
-            embedding,
+            embedding: (!coded).then_some(embedding),
+            coded_embedding,
             blocks: match self.blocks {
                 BlockKind::Standard => (0..self.n_layers)
                     .map(|_| Block::new(self, device))
@@ -99,7 +119,8 @@ impl LmConfig {
             norm: RmsNormConfig::new(self.d_model)
                 .with_epsilon(self.norm_eps)
                 .init(device),
-            head,
+            head: head.filter(|_| !coded),
+            coded_head,
             rope: RotaryEncodingConfig::new(self.max_seq_len, self.d_head())
                 .with_theta(self.rope_theta)
                 .init(device),
@@ -153,7 +174,11 @@ impl LanguageModel {
             }
         );
         let route = self.route();
-        let x = route.embedding(&self.embedding, tokens);
+        let x = match (&self.embedding, &self.coded_embedding) {
+            (Some(embedding), _) => route.embedding(embedding, tokens),
+            (None, Some(coded)) => route.counter_embedding(coded, tokens),
+            (None, None) => unreachable!("a model has a token embedding"),
+        };
         let x = match &self.reversible {
             // Both streams start as the embedding; the final norm reads their mean.
             Some(reversible) => {
@@ -174,18 +199,35 @@ impl LanguageModel {
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
         let hidden = self.hidden(tokens);
         let route = self.route();
-        match &self.head {
-            Some(head) => route.linear(head, hidden),
-            None => {
-                let weight = route.param(&self.embedding.weight, &hidden);
+        match self.head() {
+            Head::Linear(head) => route.linear(head, hidden),
+            Head::Counter(head) => route.counter_linear(head, hidden),
+            Head::TiedEmbedding(embedding) => {
+                let weight = route.param(&embedding.weight, &hidden);
                 hidden.matmul(weight.transpose().unsqueeze())
             }
+            Head::TiedCounter(embedding) => {
+                embedding.weights.forward(hidden, self.in_backward.as_ref())
+            }
+        }
+    }
+
+    fn head(&self) -> Head<'_> {
+        match (&self.head, &self.coded_head) {
+            (Some(head), _) => Head::Linear(head),
+            (None, Some(head)) => Head::Counter(head),
+            (None, None) => match (&self.embedding, &self.coded_embedding) {
+                (Some(embedding), _) => Head::TiedEmbedding(embedding),
+                (None, Some(embedding)) => Head::TiedCounter(embedding),
+                (None, None) => unreachable!("a model has a token embedding"),
+            },
         }
     }
 
     /// Mean next-token cross-entropy over every position: `[batch, seq]` ids and targets →
     /// `[1]`. With [`LossKind::Burn`] from the full `[batch · seq, vocab]` logits (the
-    /// baseline); with [`LossKind::Fused`] chunk by chunk, never holding the logits.
+    /// baseline); with [`LossKind::Fused`] chunk by chunk, never holding the logits (and, for a
+    /// counter head, block by block of the vocabulary, never holding its weight's gradient).
     pub fn loss(&self, tokens: Tensor<2, Int>, targets: Tensor<2, Int>) -> Tensor<1> {
         match self.loss {
             LossKind::Burn => {
@@ -201,18 +243,39 @@ impl LanguageModel {
                 let hidden = self.hidden(tokens);
                 let loss = FusedLinearCrossEntropyLossConfig::new().init();
                 let route = self.route();
+                let in_backward = self.in_backward.as_ref();
                 // `[vocab, d_model]`: a tied head is the embedding itself; a `Linear` is stored
                 // transposed.
-                let (weight, bias) = match &self.head {
-                    Some(head) => (
+                match self.head() {
+                    Head::Linear(head) => loss.try_forward_weights(
+                        hidden.clone(),
                         route.param(&head.weight, &hidden).transpose(),
                         head.bias.as_ref().map(|bias| route.param(bias, &hidden)),
+                        targets,
                     ),
-                    None => (route.param(&self.embedding.weight, &hidden), None),
-                };
-                loss.try_forward_weights(hidden, weight, bias, targets)
-                    .unwrap_or_else(|error| panic!("{error}"))
+                    Head::TiedEmbedding(embedding) => loss.try_forward_weights(
+                        hidden.clone(),
+                        route.param(&embedding.weight, &hidden),
+                        None,
+                        targets,
+                    ),
+                    Head::Counter(head) => {
+                        loss.try_forward_counter(hidden, &head.weights, targets, in_backward)
+                    }
+                    Head::TiedCounter(embedding) => {
+                        loss.try_forward_counter(hidden, &embedding.weights, targets, in_backward)
+                    }
+                }
+                .unwrap_or_else(|error| panic!("{error}"))
             }
         }
     }
+}
+
+/// Where the logits' weight is.
+enum Head<'a> {
+    Linear(&'a Linear),
+    Counter(&'a CounterLinear),
+    TiedEmbedding(&'a Embedding),
+    TiedCounter(&'a CounterEmbedding),
 }

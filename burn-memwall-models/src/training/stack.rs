@@ -18,8 +18,9 @@ pub enum Stack {
     Memwall,
     /// `memwall` with plain SGD during backward: no optimizer state at all.
     MemwallSgd,
-    /// `memwall` with 6-bit counter linears in the blocks (their optimizer lives in the weight
-    /// code); embeddings, norms and head stay dense and train with `FusedAdamW`.
+    /// `memwall` with every matrix a 6-bit counter code (the blocks' linears, the embedding and
+    /// the head: their optimizer lives in the weight code); the norms stay dense and train with
+    /// `FusedAdamW`.
     MemwallCounter,
 }
 
@@ -80,7 +81,7 @@ impl Stack {
                 ..MEMWALL
             },
             Self::MemwallCounter => Switches {
-                linear: LinearKind::Counter,
+                linear: LinearKind::CounterAll,
                 ..MEMWALL
             },
         }
@@ -98,7 +99,7 @@ pub struct Switches {
     pub attention: AttentionKind,
     pub loss: LossKind,
     pub blocks: BlockKind,
-    /// The blocks' linears; embeddings, norms and head stay dense.
+    /// The model's matrices (see [`LinearKind`]); the norms stay dense.
     pub linear: LinearKind,
     pub optimizer: StepOptimizer,
 }
