@@ -422,7 +422,8 @@ fn an_embedding_looks_up_its_rows_and_updates_as_a_dense_gradient_would() {
         let device = device.autodiff();
         let mut table = EmbeddingConfig::new(vocab, d).init(&device);
         table.weight = Param::from_tensor(host_tensor([vocab, d], 0.4, &device) * 0.05);
-        let config = CounterLinearConfig::new(1, 1)
+        let config = CounterLinearConfig::new(d, vocab)
+            .with_bias(false)
             .with_scale_learning_rate(1e-3)
             .with_learning_rate(0.05);
         let layer = CounterEmbedding::from_embedding(&table, &config).unwrap();
@@ -463,15 +464,27 @@ fn an_embedding_looks_up_its_rows_and_updates_as_a_dense_gradient_would() {
 }
 
 #[test]
-fn an_embedding_refuses_an_id_outside_its_table() {
+fn an_embedding_refuses_an_id_outside_its_table_and_a_config_of_another_shape() {
     let device = Device::flex();
     let table = EmbeddingConfig::new(10, 8).init(&device);
-    let layer = CounterEmbedding::from_embedding(&table, &CounterLinearConfig::new(1, 1)).unwrap();
+    let config = CounterLinearConfig::new(8, 10).with_bias(false);
+    let layer = CounterEmbedding::from_embedding(&table, &config).unwrap();
     let tokens = Tensor::<2, Int>::from_data([[1i64, 10]], &device);
     let panic = std::panic::catch_unwind(|| layer.forward(tokens)).unwrap_err();
     let message = panic.downcast_ref::<String>().unwrap();
     assert!(
         message.contains("token id 10 is outside [0, 10)"),
+        "{message}"
+    );
+    // A config of another shape (here the transposed one) is refused, not silently reshaped.
+    let transposed = CounterLinearConfig::new(10, 8).with_bias(false);
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        CounterEmbedding::from_embedding(&table, &transposed)
+    }))
+    .unwrap_err();
+    let message = panic.downcast_ref::<String>().unwrap();
+    assert!(
+        message.contains("CounterLinearConfig::new(8, 10)"),
         "{message}"
     );
 }

@@ -30,12 +30,22 @@ pub struct CounterEmbedding {
 }
 
 impl CounterEmbedding {
-    /// `embedding`'s table as codes, with `config`'s counter settings (limit, learning rates,
-    /// `β`, `ε`, seed); the config's shape fields and bias are not read.
+    /// `embedding`'s table as codes: the `[n_embedding, d_model]` weight of `config`, which is
+    /// `CounterLinearConfig::new(d_model, n_embedding).with_bias(false)` with any counter
+    /// settings (limit, learning rates, `β`, `ε`, seed).
+    ///
+    /// # Panics
+    /// If `config`'s shape is not the table's, or it asks for a bias.
     pub fn from_embedding(
         embedding: &Embedding,
         config: &CounterLinearConfig,
     ) -> Result<Self, CounterCodeError> {
+        let [n_embedding, d_model] = embedding.weight.dims();
+        assert!(
+            (config.d_input, config.d_output, config.bias) == (d_model, n_embedding, false),
+            "CounterEmbedding: the config must be CounterLinearConfig::new({d_model}, \
+             {n_embedding}).with_bias(false) for a [{n_embedding}, {d_model}] table"
+        );
         Ok(Self {
             weights: config.weights_from_rows(embedding.weight.val())?,
         })

@@ -88,9 +88,8 @@ impl CounterLinearConfig {
         })
     }
 
-    /// `rows` (`[d_output, d_input]`) as codes: per row, the scale is the mean absolute weight
-    /// and each weight's `(t, c)` the nearest `t + c/C` to `w / s`. The shape fields and the
-    /// bias of the config are not read.
+    /// `rows` (`[d_output, d_input]`, the config's shape) as codes: per row, the scale is the
+    /// mean absolute weight and each weight's `(t, c)` the nearest `t + c/C` to `w / s`.
     pub(crate) fn weights_from_rows(
         &self,
         rows: Tensor<2>,
