@@ -620,6 +620,29 @@ fn a_counter_head_loss_matches_full_logits_and_updates_from_the_exact_weight_gra
 }
 
 #[test]
+fn a_counter_head_loss_sums_what_it_averages() {
+    let device = Device::flex();
+    let (head, _, hidden) = head_case(300, 24, 9, &device);
+    let targets = || Tensor::<1, Int>::from_data([5i64, 0, 299, 7, 5, 5, 120, 7, 13], &device);
+    let loss = |reduction| {
+        FusedLinearCrossEntropyLossConfig::new()
+            .with_ignore_index(Some(7))
+            .with_reduction(reduction)
+            .init()
+            .try_forward_counter(hidden.clone(), &head.weights, targets(), None)
+            .unwrap()
+            .into_scalar::<f64>()
+    };
+    let (sum, mean) = (loss(Reduction::Sum), loss(Reduction::Mean));
+    // Seven tokens are kept; outside autodiff nothing updates.
+    assert!(
+        (sum - 7.0 * mean).abs() <= 1e-5 * sum.abs(),
+        "{sum} vs 7 × {mean}"
+    );
+    assert_eq!(head.weights.step(), 0);
+}
+
+#[test]
 fn a_counter_head_loss_refuses_what_it_does_not_compute() {
     let device = Device::flex();
     let (head, _, hidden) = head_case(30, 8, 4, &device);

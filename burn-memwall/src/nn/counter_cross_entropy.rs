@@ -44,10 +44,9 @@ pub(super) fn counter_cross_entropy(
     if options.label_smoothing != 0.0 || options.z_loss != 0.0 || options.softcap.is_some() {
         return fail("a counter head takes no label smoothing, z-loss or soft-capping".into());
     }
-    let per_token = match options.reduction {
-        Reduction::Mean | Reduction::Sum => 1.0,
-        Reduction::None => return fail("a counter head's loss is reduced (Mean or Sum)".into()),
-    };
+    if options.reduction == Reduction::None {
+        return fail("a counter head's loss is reduced (Mean or Sum)".into());
+    }
     let weight = head.packed();
     let ([tokens, d], vocab) = (hidden.dims(), weight.d_output());
     if d != weight.d_input || targets.dims() != [tokens] || tokens == 0 {
@@ -65,8 +64,8 @@ pub(super) fn counter_cross_entropy(
         return Ok((hidden * 0.0).sum());
     }
     let scale = match options.reduction {
-        Reduction::Mean => per_token / kept as f32,
-        _ => per_token,
+        Reduction::Mean => 1.0 / kept as f32,
+        _ => 1.0,
     };
     let device = hidden.device();
     let index = |values: &[i64]| {
