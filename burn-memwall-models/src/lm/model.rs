@@ -174,10 +174,9 @@ impl LanguageModel {
             }
         );
         let route = self.route();
-        let x = match (&self.embedding, &self.coded_embedding) {
-            (Some(embedding), _) => route.embedding(embedding, tokens),
-            (None, Some(coded)) => route.counter_embedding(coded, tokens),
-            (None, None) => unreachable!("a model has a token embedding"),
+        let x = match self.table() {
+            Table::Dense(embedding) => route.embedding(embedding, tokens),
+            Table::Coded(embedding) => route.counter_embedding(embedding, tokens),
         };
         let x = match &self.reversible {
             // Both streams start as the embedding; the final norm reads their mean.
@@ -212,15 +211,20 @@ impl LanguageModel {
         }
     }
 
+    fn table(&self) -> Table<'_> {
+        match (&self.embedding, &self.coded_embedding) {
+            (Some(embedding), _) => Table::Dense(embedding),
+            (None, Some(embedding)) => Table::Coded(embedding),
+            (None, None) => unreachable!("a model has a token embedding"),
+        }
+    }
+
     fn head(&self) -> Head<'_> {
-        match (&self.head, &self.coded_head) {
-            (Some(head), _) => Head::Linear(head),
-            (None, Some(head)) => Head::Counter(head),
-            (None, None) => match (&self.embedding, &self.coded_embedding) {
-                (Some(embedding), _) => Head::TiedEmbedding(embedding),
-                (None, Some(embedding)) => Head::TiedCounter(embedding),
-                (None, None) => unreachable!("a model has a token embedding"),
-            },
+        match (&self.head, &self.coded_head, self.table()) {
+            (Some(head), _, _) => Head::Linear(head),
+            (None, Some(head), _) => Head::Counter(head),
+            (None, None, Table::Dense(embedding)) => Head::TiedEmbedding(embedding),
+            (None, None, Table::Coded(embedding)) => Head::TiedCounter(embedding),
         }
     }
 
@@ -270,6 +274,12 @@ impl LanguageModel {
             }
         }
     }
+}
+
+/// The token table.
+enum Table<'a> {
+    Dense(&'a Embedding),
+    Coded(&'a CounterEmbedding),
 }
 
 /// Where the logits' weight is.

@@ -51,11 +51,6 @@ impl CounterEmbedding {
         })
     }
 
-    /// Rows of the table.
-    pub fn n_embedding(&self) -> usize {
-        self.weights.packed().d_output()
-    }
-
     /// `[batch, seq]` ids → `[batch, seq, d_model]`; under autodiff, the backward pass updates
     /// the table. In a model trained by [`InBackward`], use
     /// [`crate::nn::Routed::counter_embedding`] instead: the update then takes the step's
