@@ -63,6 +63,24 @@ fn flex_always_starts_and_auto_finds_a_device() {
     assert!(DeviceChoice::Auto.device().is_ok());
 }
 
+/// Where the only adapter is a software renderer (CI's lavapipe), `auto` trains on Flex, which is
+/// hundreds of times faster; asked for by name, the software adapter still starts.
+#[test]
+fn auto_passes_over_a_software_adapter() {
+    let auto = burn_memwall::device::describe(&DeviceChoice::Auto.device().unwrap());
+    assert!(
+        !auto.to_lowercase().contains("llvmpipe"),
+        "auto chose {auto}"
+    );
+    #[cfg(feature = "wgpu")]
+    if let Ok(wgpu) = DeviceChoice::Wgpu.device() {
+        let name = burn_memwall::device::describe(&wgpu);
+        if name.contains("llvmpipe") {
+            assert_eq!(auto, "flex", "only llvmpipe is here, beside Flex");
+        }
+    }
+}
+
 #[test]
 fn a_backend_not_compiled_in_says_which_feature_to_enable() {
     let missing = [

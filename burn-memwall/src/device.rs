@@ -50,7 +50,8 @@ impl DeviceChoice {
         "auto", "flex", "wgpu", "vulkan", "metal", "webgpu", "cuda", "rocm", "cpu",
     ];
 
-    /// Devices compiled into this binary, best first (the order `Auto` tries them in).
+    /// Devices compiled into this binary, best first (the order `Auto` tries them in; it passes
+    /// over software adapters such as llvmpipe, so that without a GPU it lands on Flex).
     pub fn compiled() -> Vec<DeviceChoice> {
         use DeviceChoice::*;
         [
@@ -114,7 +115,10 @@ impl DeviceChoice {
             .into_iter()
             .find_map(|choice| {
                 before(choice);
-                choice.start().ok()
+                choice
+                    .start()
+                    .ok()
+                    .filter(|device| !is_software_adapter(device))
             })
             .ok_or(DeviceError::Unavailable(Self::Flex))
     }
@@ -151,6 +155,28 @@ impl DeviceChoice {
             _ => return None,
         })
     }
+}
+
+/// Software renderers that GPU APIs offer as adapters where no GPU is (Mesa's llvmpipe, which
+/// lavapipe reports, Google's SwiftShader, Microsoft's WARP): several hundred times slower at
+/// training than Flex, so `Auto` passes them over; named, they still start.
+const SOFTWARE_ADAPTERS: [&str; 4] = [
+    "llvmpipe",
+    "swiftshader",
+    "microsoft basic render driver",
+    "warp",
+];
+
+#[allow(unused_variables)] // without a Cube backend no adapter is software
+fn is_software_adapter(device: &Device) -> bool {
+    #[cfg(feature = "cube")]
+    if let Some(identity) = device.identity() {
+        let name = identity.name.to_lowercase();
+        return SOFTWARE_ADAPTERS
+            .iter()
+            .any(|software| name.contains(software));
+    }
+    false
 }
 
 /// Runs one tiny op on `device`; backends report a missing adapter by panicking, so the panic is
