@@ -260,4 +260,34 @@ fn bad_shapes_name_the_shapes() {
         message.contains("[batch, s_k] = [1, 8]") && message.contains("[1, 7]"),
         "{message}"
     );
+
+    // Options that would make every score NaN are refused, not attended.
+    for (options, wanted) in [
+        (
+            FlashAttentionOptions {
+                softcap: Some(f64::INFINITY),
+                ..Default::default()
+            },
+            "softcap must be finite and positive, got inf",
+        ),
+        (
+            FlashAttentionOptions {
+                softcap: Some(0.0),
+                ..Default::default()
+            },
+            "got 0",
+        ),
+        (
+            FlashAttentionOptions {
+                scale: Some(f64::NAN),
+                ..Default::default()
+            },
+            "scale must be finite, got NaN",
+        ),
+    ] {
+        let message = flash_attention::check_shapes(&q, &q, &q, None, &options)
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains(wanted), "{message}");
+    }
 }

@@ -81,10 +81,16 @@ pub(super) fn dims(
     if options.window == Some(0) {
         return fail("a sliding window must hold at least one key".into());
     }
+    // An infinite cap is no cap (tanh(s/∞)·∞ is NaN in floats): leave it `None` instead.
     if let Some(cap) = options.softcap
-        && !(cap > 0.0)
+        && !(cap > 0.0 && cap.is_finite())
     {
-        return fail(format!("softcap must be positive, got {cap}"));
+        return fail(format!("softcap must be finite and positive, got {cap}"));
+    }
+    if let Some(scale) = options.scale
+        && !scale.is_finite()
+    {
+        return fail(format!("scale must be finite, got {scale}"));
     }
     Ok(Dims {
         batch,
