@@ -18,9 +18,11 @@ use std::path::PathBuf;
 use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::CountingAllocator;
-use burn_memwall_models::data::{TextTokenizer, load_text};
+use burn_memwall_models::data::{Corpus, TextTokenizer, load_text};
 use burn_memwall_models::lm::{LinearKind, LmConfig};
-use burn_memwall_models::training::{Artifacts, RunConfig, StepOptimizer, TrainingConfig, train};
+use burn_memwall_models::training::{
+    Artifacts, RunConfig, Start, StepOptimizer, TrainingConfig, train,
+};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 
@@ -109,10 +111,13 @@ fn measure(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>> {
         .find(|(kind, _)| *kind == name)
         .ok_or_else(|| format!("unknown linear {name}"))?;
     let device = DeviceChoice::from_arg_or_env(Some(&args.run.device))?.device()?;
-    let tokenizer = TextTokenizer::byte_level();
-    let tokens = tokenizer.encode(&load_text(args.data.as_deref())?)?;
+    let corpus = Corpus::new(
+        TextTokenizer::byte_level(),
+        &load_text(args.data.as_deref())?,
+        0.1,
+    )?;
     let mut model = LmConfig::preset(&args.model)?.with_linear(*linear);
-    model.vocab_size = tokenizer.vocab_size();
+    model.vocab_size = corpus.tokenizer().vocab_size();
     let training = TrainingConfig::new()
         .with_seq_len(args.seq)
         .with_batch_size(args.batch)
@@ -124,10 +129,10 @@ fn measure(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let report = train(
         &RunConfig::new(model, training),
-        &tokens,
+        &corpus,
         &device,
         &Artifacts::new(dir.path()),
-        false,
+        &Start::Fresh,
         true,
     )?;
     let epoch = report.epochs.last().ok_or("no epoch trained")?;

@@ -5,6 +5,7 @@
 //! cargo run --release --example train -- --stack baseline   # Burn's own path, for comparison
 //! cargo run --release --example train -- --data FILE --tokenizer bpe --vocab 2048 --model small
 //! cargo run --release --example train -- --resume           # continue the run in --artifacts exactly
+//! cargo run --release --example train -- --overwrite        # a new run in place of the one in --artifacts
 //! ```
 
 use std::path::PathBuf;
@@ -13,12 +14,12 @@ use std::time::Instant;
 use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes};
-use burn_memwall_models::data::{TextTokenizer, load_text};
+use burn_memwall_models::data::{Corpus, TextTokenizer, load_text, split_text};
 use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, PRESETS, human_count,
 };
 use burn_memwall_models::training::{
-    Artifacts, LossCurve, RunConfig, Stack, TrainingConfig, train,
+    Artifacts, LossCurve, RunConfig, Stack, Start, TrainingConfig, train,
 };
 use clap::{Parser, ValueEnum};
 
@@ -109,9 +110,12 @@ struct Args {
     /// An existing Hugging Face `tokenizer.json` to use instead.
     #[arg(long)]
     tokenizer_file: Option<PathBuf>,
-    /// BPE vocabulary size (with `--tokenizer bpe`).
-    #[arg(long, default_value_t = 1024)]
-    vocab: usize,
+    /// BPE vocabulary size (with `--tokenizer bpe`; default 1024).
+    #[arg(long)]
+    vocab: Option<usize>,
+    /// Share of the text, at its end, held out for validation (a BPE is trained on the rest).
+    #[arg(long, default_value_t = 0.1)]
+    validation_fraction: f64,
     #[arg(long, default_value_t = 128)]
     seq: usize,
     #[arg(long, default_value_t = 8)]
@@ -141,9 +145,17 @@ struct Args {
     /// Folder for checkpoints, logs and the exported weights.
     #[arg(long, default_value = "artifacts/train")]
     artifacts: PathBuf,
-    /// Continue the run in `--artifacts` from its last complete checkpoint.
-    #[arg(long)]
+    /// Continue the run in `--artifacts` from its newest checkpoint that loads, with its own
+    /// tokenizer; any changed setting or input is refused.
+    #[arg(long, conflicts_with = "overwrite")]
     resume: bool,
+    /// With `--resume`: settings that may change on purpose (learning_rate,
+    /// final_learning_rate, weight_decay, max_validation_steps), recorded in run.json.
+    #[arg(long, value_delimiter = ',', requires = "resume")]
+    allow_change: Vec<String>,
+    /// Start a new run in `--artifacts` even if it holds one, deleting that run's files.
+    #[arg(long)]
+    overwrite: bool,
     /// Print the named model sizes with their parameter counts and exit.
     #[arg(long)]
     list_models: bool,
@@ -164,14 +176,38 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY: only the arguments have been read; no thread has started.
     let device = unsafe { choice.start_as_default() }?;
     let text = load_text(args.data.as_deref())?;
+    let artifacts = Artifacts::new(&args.artifacts);
+    if args.vocab.is_some()
+        && (args.tokenizer_file.is_some() || matches!(args.tokenizer, TokenizerKind::Byte))
+    {
+        return Err("--vocab sets the size of a BPE trained here (--tokenizer bpe)".into());
+    }
     let tokenizer = match (&args.tokenizer_file, args.tokenizer) {
+        // The run's own: a tokenizer built again (a BPE retrained) could give ids other
+        // meanings than the weights learned.
+        _ if args.resume => {
+            println!(
+                "tokenizer: the run's own, {}",
+                artifacts.tokenizer().display()
+            );
+            TextTokenizer::from_file(artifacts.tokenizer())?
+        }
         (Some(path), _) => TextTokenizer::from_file(path)?,
         (None, TokenizerKind::Byte) => TextTokenizer::byte_level(),
-        (None, TokenizerKind::Bpe) => TextTokenizer::train_bpe(&text, args.vocab)?,
+        (None, TokenizerKind::Bpe) => {
+            let (training_text, _) = split_text(&text, args.validation_fraction)?;
+            TextTokenizer::train_bpe(training_text, args.vocab.unwrap_or(1024))?
+        }
     };
-    let tokens = tokenizer.encode(&text)?;
+    let corpus = Corpus::new(tokenizer, &text, args.validation_fraction)?;
+    if corpus.unknown_share() > 0.01 {
+        eprintln!(
+            "warning: {:.1}% of the tokens are the tokenizer's unknown token",
+            100.0 * corpus.unknown_share()
+        );
+    }
     let mut model = LmConfig::preset(&args.model)?;
-    model.vocab_size = tokenizer.vocab_size();
+    model.vocab_size = corpus.tokenizer().vocab_size();
     let stack = Stack::from_name(&args.stack)?;
     let mut switches = stack.switches();
     if let Some(attention) = args.attention {
@@ -214,11 +250,12 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .with_optimizer(optimizer)
         .with_seed(args.seed);
     println!(
-        "model {} ({} parameters, vocab {}), {} tokens, device {}",
+        "model {} ({} parameters, vocab {}), {} + {} tokens (training + validation), device {}",
         args.model,
         human_count(model.param_count()),
         model.vocab_size,
-        tokens.len(),
+        corpus.train().len(),
+        corpus.valid().len(),
         describe(&device)
     );
     println!(
@@ -248,18 +285,25 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         describe(&device)
     );
 
-    let artifacts = Artifacts::new(&args.artifacts);
+    let start = if args.resume {
+        Start::Resume {
+            allow_change: args.allow_change,
+        }
+    } else if args.overwrite {
+        Start::Overwrite
+    } else {
+        Start::Fresh
+    };
     let meter = MemoryMeter::new(&device);
     let started = Instant::now();
     let report = train(
         &RunConfig::new(model, training),
-        &tokens,
+        &corpus,
         &device,
         &artifacts,
-        args.resume,
+        &start,
         false,
     )?;
-    tokenizer.save(artifacts.dir().join("tokenizer.json"))?;
 
     let last = report.epochs.last().ok_or("no epoch was trained")?;
     let mean_speed = report
@@ -296,7 +340,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         started.elapsed().as_secs_f64()
     );
     println!("  weights                {}", artifacts.weights().display());
-    let plot = artifacts.dir().join("loss.svg");
+    println!(
+        "  tokenizer              {}",
+        artifacts.tokenizer().display()
+    );
+    let plot = artifacts.loss_plot();
     plot_loss(&artifacts.loss_curve()?, &caption, &plot)?;
     println!("  loss curve             {}", plot.display());
     Ok(())

@@ -8,7 +8,8 @@ use burn::data::dataset::Dataset;
 use burn::prelude::*;
 use burn_memwall_models::Error;
 use burn_memwall_models::data::{
-    DEFAULT_CORPUS, END_OF_TEXT, LmBatcher, TextTokenizer, TokenWindows, load_text,
+    Corpus, DEFAULT_CORPUS, END_OF_TEXT, LmBatcher, TextTokenizer, TokenWindows, load_text,
+    split_text,
 };
 
 const SAMPLE: &str = "Fables: the fox, the crow — and the 🦊!\n\tΑλώπηξ καὶ βότρυς.\r\n";
@@ -131,7 +132,8 @@ fn text_loading_rejects_missing_empty_and_binary_files() {
 #[test]
 fn windows_shift_targets_by_one_and_split_without_overlap() {
     let tokens: Vec<u32> = (0..103).collect();
-    let (train, valid) = TokenWindows::split(&tokens, 10, 200, 0.2).unwrap();
+    let train = TokenWindows::new(tokens[..82].into(), 10, 200).unwrap();
+    let valid = TokenWindows::new(tokens[82..].into(), 10, 200).unwrap();
     assert_eq!(
         train.len(),
         8,
@@ -178,10 +180,66 @@ fn bad_token_data_is_a_clear_error() {
         TokenWindows::new(short, 8, 256).unwrap_err(),
         Error::Data(_)
     ));
-    let tokens: Vec<u32> = (0..50).collect();
-    let error = TokenWindows::split(&tokens, 10, 256, 0.05).unwrap_err();
-    assert!(error.to_string().contains("validation split"), "{error}");
-    assert!(TokenWindows::split(&tokens, 10, 256, 1.5).is_err());
+    for fraction in [0.0, 1.0, 1.5, f64::NAN] {
+        let error = split_text(SAMPLE, fraction).unwrap_err();
+        assert!(error.to_string().contains("validation fraction"), "{error}");
+    }
+}
+
+/// The text is cut at the first whitespace from the fraction's share of its bytes, and each side is
+/// tokenized alone: a BPE trained on the training side has never seen the validation text.
+#[test]
+fn a_corpus_splits_its_text_and_tokenizes_each_side() {
+    let (train, valid) = split_text(SAMPLE, 0.4).unwrap();
+    assert_eq!(format!("{train}{valid}"), SAMPLE);
+    let cut = (SAMPLE.len() as f64 * 0.6) as usize;
+    assert!(train.len() >= cut, "{} vs {cut}", train.len());
+    assert!(
+        valid.starts_with(char::is_whitespace)
+            && !SAMPLE.as_bytes()[cut..train.len()]
+                .iter()
+                .any(u8::is_ascii_whitespace),
+        "cut at the first whitespace from byte {cut}: {train:?} | {valid:?}"
+    );
+    let corpus = Corpus::new(TextTokenizer::byte_level(), SAMPLE, 0.4).unwrap();
+    assert_eq!(
+        corpus.train(),
+        TextTokenizer::byte_level().encode(train).unwrap()
+    );
+    assert_eq!(
+        corpus.valid(),
+        TextTokenizer::byte_level().encode(valid).unwrap()
+    );
+    assert_eq!(corpus.unknown_share(), 0.0);
+
+    // Content, not names: the same text gives the same identity, one changed byte another.
+    let identity = corpus.identity().unwrap();
+    assert_eq!(
+        identity,
+        Corpus::new(TextTokenizer::byte_level(), SAMPLE, 0.4)
+            .unwrap()
+            .identity()
+            .unwrap()
+    );
+    let edited = SAMPLE.replacen("fox", "fix", 1);
+    let other = Corpus::new(TextTokenizer::byte_level(), &edited, 0.4)
+        .unwrap()
+        .identity()
+        .unwrap();
+    assert_ne!(identity.tokens_sha256, other.tokens_sha256);
+    assert_eq!(identity.tokenizer_sha256, other.tokenizer_sha256);
+    // A tokenizer saved and read back is the same tokenizer.
+    let dir = common::temp_dir();
+    let path = dir.path().join("tokenizer.json");
+    let bpe = TextTokenizer::train_bpe(DEFAULT_CORPUS, 300).unwrap();
+    bpe.save(&path).unwrap();
+    let saved = Corpus::new(bpe, SAMPLE, 0.4).unwrap().identity().unwrap();
+    let loaded = Corpus::new(TextTokenizer::from_file(&path).unwrap(), SAMPLE, 0.4)
+        .unwrap()
+        .identity()
+        .unwrap();
+    assert_eq!(saved, loaded);
+    assert_ne!(saved.tokenizer_sha256, identity.tokenizer_sha256);
 }
 
 /// A `tokenizer.json` written by another library (here a WordLevel model with two added
@@ -213,4 +271,41 @@ fn a_foreign_hugging_face_tokenizer_loads_with_its_added_tokens() {
         vec![1, 2, 3, 1, 0]
     );
     assert_eq!(tokenizer.encode("<pad>").unwrap(), vec![5]);
+
+    // Text the vocabulary does not cover becomes [UNK]: counted, and refused when most is.
+    let corpus = Corpus::new(
+        tokenizer.clone(),
+        "the fox and the grapes and the crow",
+        0.3,
+    )
+    .unwrap();
+    assert!(
+        (corpus.unknown_share() - 1.0 / 8.0).abs() < 1e-12,
+        "{}",
+        corpus.unknown_share()
+    );
+    let error = Corpus::new(tokenizer, "a crow, a lion and a mouse", 0.3).unwrap_err();
+    assert!(error.to_string().contains("unknown token"), "{error}");
+}
+
+/// A tokenizer of one id gives a model nothing to predict: refused, as is a model config with
+/// a vocabulary of 1.
+#[test]
+fn a_vocabulary_of_one_is_refused() {
+    let json = r#"{
+      "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+      "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+      "decoder": null,
+      "model": {"type": "WordLevel", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"}
+    }"#;
+    let dir = common::temp_dir();
+    let path = dir.path().join("tokenizer.json");
+    std::fs::write(&path, json).unwrap();
+    let tokenizer = TextTokenizer::from_file(&path).unwrap();
+    let error = Corpus::new(tokenizer, SAMPLE, 0.1).unwrap_err();
+    assert!(error.to_string().contains("vocabulary of 1"), "{error}");
+    let mut config = burn_memwall_models::lm::LmConfig::preset("tiny").unwrap();
+    config.vocab_size = 1;
+    let error = config.validate().unwrap_err();
+    assert!(error.to_string().contains("vocabulary of 1"), "{error}");
 }

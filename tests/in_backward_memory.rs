@@ -8,10 +8,10 @@ mod common;
 
 use burn::prelude::*;
 use burn_memwall::memory::CountingAllocator;
-use burn_memwall_models::data::{DEFAULT_CORPUS, TextTokenizer};
+use burn_memwall_models::data::{Corpus, DEFAULT_CORPUS, TextTokenizer};
 use burn_memwall_models::lm::LmConfig;
 use burn_memwall_models::training::{
-    Artifacts, RunConfig, StepMeasurement, StepOptimizer, TrainReport, TrainingConfig,
+    Artifacts, RunConfig, Start, StepMeasurement, StepOptimizer, TrainReport, TrainingConfig,
     measure_steps, train,
 };
 
@@ -52,14 +52,14 @@ fn learner_run(optimizer: StepOptimizer, device: &Device) -> TrainReport {
         .with_optimizer(optimizer)
         .with_seed(7);
     let run = RunConfig::new(model, training);
-    let tokens = TextTokenizer::byte_level().encode(DEFAULT_CORPUS).unwrap();
+    let corpus = Corpus::new(TextTokenizer::byte_level(), DEFAULT_CORPUS, 0.1).unwrap();
     let dir = tempfile::tempdir().unwrap();
     train(
         &run,
-        &tokens,
+        &corpus,
         device,
         &Artifacts::new(dir.path()),
-        false,
+        &Start::Fresh,
         true,
     )
     .unwrap()

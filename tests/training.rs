@@ -5,10 +5,10 @@ mod common;
 use burn::prelude::*;
 use burn_memwall_models::Error;
 use burn_memwall_models::checkpoint::{load_safetensors, save_safetensors};
-use burn_memwall_models::data::{DEFAULT_CORPUS, TextTokenizer};
+use burn_memwall_models::data::{Corpus, DEFAULT_CORPUS, TextTokenizer};
 use burn_memwall_models::lm::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind};
 use burn_memwall_models::training::{
-    Artifacts, RunConfig, Stack, StepOptimizer, TrainReport, TrainingConfig, train,
+    Artifacts, RunConfig, Stack, Start, StepOptimizer, TrainReport, TrainingConfig, train,
 };
 
 fn model_config() -> LmConfig {
@@ -32,8 +32,8 @@ fn run_config(epochs: usize) -> RunConfig {
     RunConfig::new(model_config(), training)
 }
 
-fn corpus_tokens() -> Vec<u32> {
-    TextTokenizer::byte_level().encode(DEFAULT_CORPUS).unwrap()
+fn corpus() -> Corpus {
+    Corpus::new(TextTokenizer::byte_level(), DEFAULT_CORPUS, 0.1).unwrap()
 }
 
 /// (train, validation) loss of each epoch; speeds differ between runs, losses must not.
@@ -49,9 +49,9 @@ fn run(
     config: &RunConfig,
     device: &Device,
     artifacts: &Artifacts,
-    resume: bool,
+    start: &Start,
 ) -> Result<TrainReport, Error> {
-    train(config, &corpus_tokens(), device, artifacts, resume, true)
+    train(config, &corpus(), device, artifacts, start, true)
 }
 
 #[test]
@@ -65,7 +65,7 @@ fn loss_falls_well_below_uniform_and_resume_continues_exactly() {
             &run_config(3),
             &device,
             &Artifacts::new(uninterrupted_dir.path()),
-            false,
+            &Start::Fresh,
         )
         .unwrap();
         assert_eq!(full.epochs.len(), 3);
@@ -86,13 +86,13 @@ fn loss_falls_well_below_uniform_and_resume_continues_exactly() {
 
         let interrupted_dir = common::temp_dir();
         let artifacts = Artifacts::new(interrupted_dir.path());
-        let first = run(&run_config(2), &device, &artifacts, false).unwrap();
+        let first = run(&run_config(2), &device, &artifacts, &Start::Fresh).unwrap();
         assert_eq!(
             losses(&first),
             losses(&full)[..2],
             "same seed, same first epochs"
         );
-        let resumed = run(&run_config(3), &device, &artifacts, true).unwrap();
+        let resumed = run(&run_config(3), &device, &artifacts, &Start::resume()).unwrap();
         assert_eq!(
             resumed.epochs.len(),
             1,
@@ -140,6 +140,12 @@ fn loss_falls_well_below_uniform_and_resume_continues_exactly() {
                 .collect::<Vec<_>>(),
             [12, 24, 36]
         );
+        // The schedule continues where it stopped: warm-up, then a decay that spans the
+        // resume, each step's rate the uninterrupted run's.
+        assert_eq!(curve.learning_rate, uninterrupted.learning_rate);
+        let rates: Vec<f64> = curve.learning_rate.iter().map(|&(_, rate)| rate).collect();
+        assert_eq!(rates.len(), 36);
+        assert!(rates[0] < rates[3] && rates[3] > rates[23] && rates[23] > rates[30]);
         for ((step, got), (want_step, want)) in curve
             .train
             .iter()
@@ -182,12 +188,12 @@ fn in_backward_training_matches_adamw_and_resumes_exactly() {
         &run_config(2),
         &device,
         &Artifacts::new(standard_dir.path()),
-        false,
+        &Start::Fresh,
     )
     .unwrap();
     let dir = common::temp_dir();
     let artifacts = Artifacts::new(dir.path());
-    let first = run(&in_backward(2), &device, &artifacts, false).unwrap();
+    let first = run(&in_backward(2), &device, &artifacts, &Start::Fresh).unwrap();
     let counts = first
         .model
         .in_backward()
@@ -212,10 +218,10 @@ fn in_backward_training_matches_adamw_and_resumes_exactly() {
         &in_backward(3),
         &device,
         &Artifacts::new(uninterrupted_dir.path()),
-        false,
+        &Start::Fresh,
     )
     .unwrap();
-    let resumed = run(&in_backward(3), &device, &artifacts, true).unwrap();
+    let resumed = run(&in_backward(3), &device, &artifacts, &Start::resume()).unwrap();
     assert_eq!(losses(&resumed), losses(&uninterrupted)[2..]);
 }
 
@@ -240,7 +246,7 @@ fn quantized_linears_train_resume_and_export_exactly() {
             &config(3),
             &device,
             &Artifacts::new(uninterrupted_dir.path()),
-            false,
+            &Start::Fresh,
         )
         .unwrap();
         let uniform = (256f64).ln();
@@ -252,8 +258,8 @@ fn quantized_linears_train_resume_and_export_exactly() {
         );
         let dir = common::temp_dir();
         let artifacts = Artifacts::new(dir.path());
-        let first = run(&config(2), &device, &artifacts, false).unwrap();
-        let resumed = run(&config(3), &device, &artifacts, true).unwrap();
+        let first = run(&config(2), &device, &artifacts, &Start::Fresh).unwrap();
+        let resumed = run(&config(3), &device, &artifacts, &Start::resume()).unwrap();
         assert_eq!(losses(&resumed), losses(&full)[2..], "{linear:?}");
         if linear == LinearKind::Ternary {
             // Routed through InBackward, the latent weights get the standard step's updates.
@@ -264,7 +270,7 @@ fn quantized_linears_train_resume_and_export_exactly() {
                 &standard,
                 &device,
                 &Artifacts::new(standard_dir.path()),
-                false,
+                &Start::Fresh,
             )
             .unwrap();
             for (got, want) in losses(&first).into_iter().zip(losses(&standard)) {
@@ -316,6 +322,16 @@ fn safetensors_export_round_trips_bit_exactly() {
         }
         let saved = std::fs::read_dir(dir.path()).unwrap().count();
         assert_eq!(saved, 1, "no temporary file is left behind");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(
+                mode & 0o777,
+                0o644,
+                "readable by others, as weights to share are"
+            );
+        }
     }
 }
 
@@ -340,29 +356,43 @@ fn weights_or_checkpoints_from_another_config_are_refused() {
     assert!(matches!(error, Error::Io { .. }), "{error}");
 
     let artifacts = Artifacts::new(dir.path().join("run"));
-    run(&run_config(1), &device, &artifacts, false).unwrap();
+    run(&run_config(1), &device, &artifacts, &Start::Fresh).unwrap();
     let mut other = run_config(2);
     other.model.d_ff = 96;
-    let error = run(&other, &device, &artifacts, true).unwrap_err();
+    let error = run(&other, &device, &artifacts, &Start::resume()).unwrap_err();
     assert!(error.to_string().contains("d_ff: 128 → 96"), "{error}");
     // A schedule or optimizer changed on a resume would silently train another run.
     let mut other = run_config(2);
     other.training.warmup_steps = 2;
-    let error = run(&other, &device, &artifacts, true).unwrap_err();
+    let error = run(&other, &device, &artifacts, &Start::resume()).unwrap_err();
     assert!(error.to_string().contains("warmup_steps: 4 → 2"), "{error}");
     let mut other = run_config(2);
     other.training.optimizer = StepOptimizer::InBackwardAdamW;
-    let error = run(&other, &device, &artifacts, true).unwrap_err();
+    let error = run(&other, &device, &artifacts, &Start::resume()).unwrap_err();
     assert!(error.to_string().contains("optimizer"), "{error}");
 
     let error = run(
         &run_config(2),
         &device,
         &Artifacts::new(dir.path().join("empty")),
-        true,
+        &Start::resume(),
     )
     .unwrap_err();
     assert!(matches!(error, Error::Checkpoint { .. }), "{error}");
+}
+
+/// A folder holding a finished Flex run of `run_config(epochs)`.
+fn trained_folder(epochs: usize) -> (tempfile::TempDir, Artifacts) {
+    let dir = common::temp_dir();
+    let artifacts = Artifacts::new(dir.path());
+    run(
+        &run_config(epochs),
+        &Device::flex(),
+        &artifacts,
+        &Start::Fresh,
+    )
+    .unwrap();
+    (dir, artifacts)
 }
 
 /// Trains a fresh Flex run of `run_config(1)` changed by `edit`, expecting an error; returns it
@@ -372,7 +402,7 @@ fn failed_run(edit: impl FnOnce(&mut RunConfig)) -> (Error, Artifacts, tempfile:
     let artifacts = Artifacts::new(dir.path());
     let mut config = run_config(1);
     edit(&mut config);
-    let error = run(&config, &Device::flex(), &artifacts, false).unwrap_err();
+    let error = run(&config, &Device::flex(), &artifacts, &Start::Fresh).unwrap_err();
     (error, artifacts, dir)
 }
 
@@ -386,6 +416,36 @@ fn bad_training_inputs_are_clear_errors() {
             .contains("sequence length 65 exceeds the model's context of 64"),
         "{error}"
     );
+    for (edit, wanted) in [
+        (
+            (|c: &mut RunConfig| c.training.learning_rate = 0.0) as fn(&mut RunConfig),
+            "learning rate must be finite and positive, got 0",
+        ),
+        (|c| c.training.learning_rate = -3e-3, "got -0.003"),
+        (|c| c.training.learning_rate = f64::NAN, "got NaN"),
+        (|c| c.training.learning_rate = f64::INFINITY, "got inf"),
+        (
+            |c| c.training.final_learning_rate = -1.0,
+            "final learning rate",
+        ),
+        (|c| c.training.weight_decay = f32::NAN, "weight decay"),
+        (
+            |c| c.training.max_steps_per_epoch = Some(0),
+            "steps per epoch must be positive",
+        ),
+        (
+            |c| c.training.max_steps_per_epoch = Some(usize::MAX),
+            "overflow",
+        ),
+        (|c| c.training.batch_size = 0, "batch size must be positive"),
+    ] {
+        let (error, artifacts, _dir) = failed_run(edit);
+        assert!(
+            error.to_string().contains(wanted),
+            "{error} (wanted {wanted:?})"
+        );
+        assert!(!artifacts.holds_run(), "checked before anything is written");
+    }
     let (error, ..) = failed_run(|c| c.model.vocab_size = 100);
     assert!(
         matches!(
@@ -408,27 +468,239 @@ fn a_diverged_run_is_an_error_not_a_saved_model() {
         c.training.warmup_steps = 0;
         c.training.decay_steps = 0;
     });
-    assert!(error.to_string().contains("diverged"), "{error}");
+    assert!(error.to_string().contains("at step"), "{error}");
     assert!(
         !artifacts.weights().exists(),
         "no weights are exported from a diverged run"
     );
+    assert_eq!(
+        artifacts.last_complete_epoch(),
+        None,
+        "no checkpoint is kept"
+    );
+    // Written before the first step: the run can be looked into, and resumed with its own.
+    assert!(artifacts.tokenizer().exists());
+    assert!(artifacts.holds_run());
 }
 
+/// A loss that turns NaN stops the run at that step: the epoch does not finish, and the
+/// newest checkpoint stays the last good one.
 #[test]
-fn a_fresh_run_clears_the_checkpoints_of_an_earlier_one() {
+fn a_nan_loss_stops_the_run_at_its_step_and_keeps_no_checkpoint_after_it() {
     let _turn = common::take_turn();
     let device = Device::flex();
     let dir = common::temp_dir();
     let artifacts = Artifacts::new(dir.path());
-    run(&run_config(2), &device, &artifacts, false).unwrap();
+    let constant = |epochs, rate| {
+        let mut config = run_config(epochs);
+        config.training.warmup_steps = 0;
+        config.training.decay_steps = 0;
+        config.training.learning_rate = rate;
+        config
+    };
+    run(&constant(1, 1e-2), &device, &artifacts, &Start::Fresh).unwrap();
+    // Burn's schedules stop at 1: a constant rate is how to blow the weights up on purpose.
+    let start = Start::Resume {
+        allow_change: vec!["learning_rate".into()],
+    };
+    let error = run(&constant(3, 1e30), &device, &artifacts, &start).unwrap_err();
+    let message = error.to_string();
+    let step: usize = message
+        .split("at step ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no step named: {message}"));
+    assert!((13..=24).contains(&step), "{message}");
+    assert!(message.contains("(epoch 2)"), "{message}");
+    assert_eq!(artifacts.last_complete_epoch(), Some(1), "{message}");
+    let log = std::fs::read_to_string(artifacts.dir().join("train/epoch-2/Loss.log")).unwrap();
+    assert!(
+        log.lines().count() < 12,
+        "epoch 2 must stop early, it logged:\n{log}"
+    );
+}
+
+/// A resume checks the data and tokenizer by content: the same file name with other text in it
+/// is another run.
+#[test]
+fn a_resume_on_other_data_is_refused() {
+    let _turn = common::take_turn();
+    let device = Device::flex();
+    let (_dir, artifacts) = trained_folder(1);
+    let edited = DEFAULT_CORPUS.replacen("the", "thy", 1);
+    let other = Corpus::new(TextTokenizer::byte_level(), &edited, 0.1).unwrap();
+    let error = train(
+        &run_config(2),
+        &other,
+        &device,
+        &artifacts,
+        &Start::resume(),
+        true,
+    )
+    .unwrap_err();
+    assert!(
+        error.to_string().contains("other data") && error.to_string().contains("tokens_sha256"),
+        "{error}"
+    );
+    // A validation share changed is other data too.
+    let resplit = Corpus::new(TextTokenizer::byte_level(), DEFAULT_CORPUS, 0.2).unwrap();
+    let error = train(
+        &run_config(2),
+        &resplit,
+        &device,
+        &artifacts,
+        &Start::resume(),
+        true,
+    )
+    .unwrap_err();
+    assert!(error.to_string().contains("train_tokens"), "{error}");
+    let saved = TextTokenizer::from_file(artifacts.tokenizer()).unwrap();
+    assert_eq!(
+        saved.encode(DEFAULT_CORPUS).unwrap(),
+        TextTokenizer::byte_level().encode(DEFAULT_CORPUS).unwrap()
+    );
+}
+
+/// The few settings a resume may change on purpose change only when named, and `run.json`
+/// records the change; other names are refused.
+#[test]
+fn a_resume_changes_a_setting_only_when_allowed_and_records_it() {
+    let _turn = common::take_turn();
+    let device = Device::flex();
+    let (_dir, artifacts) = trained_folder(1);
+    let mut lower = run_config(2);
+    lower.training.learning_rate = 5e-3;
+    let error = run(&lower, &device, &artifacts, &Start::resume()).unwrap_err();
+    assert!(
+        error.to_string().contains("learning_rate: 0.01 → 0.005"),
+        "{error}"
+    );
+    let allow = |names: &[&str]| Start::Resume {
+        allow_change: names.iter().map(|name| name.to_string()).collect(),
+    };
+    let error = run(&lower, &device, &artifacts, &allow(&["seed"])).unwrap_err();
+    assert!(
+        error.to_string().contains("`seed` cannot change"),
+        "{error}"
+    );
+    let report = run(&lower, &device, &artifacts, &allow(&["learning_rate"])).unwrap();
+    assert_eq!(report.resumed_from, Some(1));
+    let record = std::fs::read_to_string(artifacts.dir().join("run.json")).unwrap();
+    assert!(
+        record.contains("resumed after epoch 1 with learning_rate: 0.01 → 0.005"),
+        "{record}"
+    );
+    // The rate of the resumed steps follows the new peak, along the same schedule.
+    let curve = artifacts.loss_curve().unwrap();
+    let expected = TrainingConfig {
+        learning_rate: 5e-3,
+        ..run_config(2).training
+    };
+    let mut scheduler = expected.lr_scheduler().unwrap();
+    for (step, rate) in &curve.learning_rate {
+        let want = scheduler
+            .step()
+            .lr_from_param(burn::module::ParamId::new(), None);
+        if *step > 12 {
+            assert!(
+                (rate - want).abs() <= 1e-12 * want,
+                "step {step}: {rate} vs {want}"
+            );
+        }
+    }
+}
+
+/// A resumed run keeps what an uninterrupted one keeps (the last two epochs and the best
+/// validation epoch), the epochs from before the resume included.
+#[test]
+fn a_resumed_run_prunes_the_checkpoints_from_before_it() {
+    let _turn = common::take_turn();
+    let device = Device::flex();
+    let (dir, artifacts) = trained_folder(2);
+    run(&run_config(5), &device, &artifacts, &Start::resume()).unwrap();
+    let curve = artifacts.loss_curve().unwrap();
+    let best = (1..=5)
+        .min_by(|&a, &b| curve.valid[a - 1].1.total_cmp(&curve.valid[b - 1].1))
+        .unwrap();
+    let mut want = vec![4, 5];
+    if best < 4 {
+        want.insert(0, best);
+    }
+    let mut kept: Vec<usize> = std::fs::read_dir(dir.path().join("checkpoint"))
+        .unwrap()
+        .filter_map(|entry| {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            name.strip_prefix("model-")?
+                .strip_suffix(".bpk")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    kept.sort_unstable();
+    assert_eq!(kept, want, "validation losses {:?}", curve.valid);
+}
+
+/// A checkpoint whose optimizer or scheduler file is damaged is passed over: the resume starts
+/// from the epoch before and continues exactly as the run that was never stopped.
+#[test]
+fn a_damaged_checkpoint_falls_back_to_the_epoch_before() {
+    let _turn = common::take_turn();
+    let device = Device::flex();
+    let uninterrupted_dir = common::temp_dir();
+    let full = run(
+        &run_config(3),
+        &device,
+        &Artifacts::new(uninterrupted_dir.path()),
+        &Start::Fresh,
+    )
+    .unwrap();
+    // A truncated optimizer state, a scheduler file overwritten with something else.
+    let truncate = |bytes: Vec<u8>| bytes[..bytes.len() / 2].to_vec();
+    let garbage = |_: Vec<u8>| b"not a checkpoint".to_vec();
+    for (damage, spoil) in [
+        ("optim", &truncate as &dyn Fn(Vec<u8>) -> Vec<u8>),
+        ("scheduler", &garbage),
+    ] {
+        let dir = common::temp_dir();
+        let artifacts = Artifacts::new(dir.path());
+        run(&run_config(2), &device, &artifacts, &Start::Fresh).unwrap();
+        let file = artifacts.dir().join(format!("checkpoint/{damage}-2.bpk"));
+        std::fs::write(&file, spoil(std::fs::read(&file).unwrap())).unwrap();
+        let resumed = run(&run_config(3), &device, &artifacts, &Start::resume()).unwrap();
+        assert_eq!(resumed.resumed_from, Some(1), "{damage}");
+        assert_eq!(losses(&resumed), losses(&full)[1..], "{damage}");
+    }
+}
+
+/// A fresh run into a folder that holds a run refuses and leaves it whole; told to overwrite,
+/// it clears every file of the old run (and only those) first.
+#[test]
+fn a_fresh_run_refuses_a_folder_with_a_run_unless_told_to_overwrite() {
+    let _turn = common::take_turn();
+    let device = Device::flex();
+    let (dir, artifacts) = trained_folder(2);
     assert_eq!(artifacts.last_complete_epoch(), Some(2));
-    run(&run_config(1), &device, &artifacts, false).unwrap();
+    let mine = dir.path().join("notes.txt");
+    std::fs::write(&mine, "not the run's").unwrap();
+    let before = std::fs::read(artifacts.weights()).unwrap();
+    let error = run(&run_config(1), &device, &artifacts, &Start::Fresh).unwrap_err();
+    assert!(
+        error.to_string().contains("holds a run") && error.to_string().contains("--resume"),
+        "{error}"
+    );
+    assert_eq!(artifacts.last_complete_epoch(), Some(2));
+    assert_eq!(std::fs::read(artifacts.weights()).unwrap(), before);
+
+    let mut other = run_config(1);
+    other.training.seed = 7;
+    run(&other, &device, &artifacts, &Start::Overwrite).unwrap();
     assert_eq!(
         artifacts.last_complete_epoch(),
         Some(1),
         "epoch 2 of the old run must not be resumable"
     );
+    assert_ne!(std::fs::read(artifacts.weights()).unwrap(), before);
+    assert!(mine.exists(), "a file the run did not write is left alone");
 }
 
 /// Each named stack sets the switches its documentation names.
@@ -511,7 +783,7 @@ fn the_memwall_stack_learns() {
         let mut config = run_config(3);
         config.training.optimizer = Stack::Memwall.apply(&mut config.model);
         let dir = common::temp_dir();
-        let report = run(&config, &device, &Artifacts::new(dir.path()), false).unwrap();
+        let report = run(&config, &device, &Artifacts::new(dir.path()), &Start::Fresh).unwrap();
         let last = report.epochs[2];
         assert!(
             last.valid_loss < 0.7 * (256f64).ln(),
@@ -538,7 +810,9 @@ fn launch_in_backward_training(
     use burn_memwall::optim::InBackwardTraining;
     use burn_memwall_models::data::{LmBatcher, TokenWindows};
 
-    let (train, valid) = TokenWindows::split(&corpus_tokens(), 32, 256, 0.1).unwrap();
+    let corpus = corpus();
+    let windows = |tokens: &[u32]| TokenWindows::new(tokens.into(), 32, 256).unwrap();
+    let (train, valid) = (windows(corpus.train()), windows(corpus.valid()));
     let loader = |dataset| {
         DataLoaderBuilder::new(LmBatcher)
             .batch_size(8)

@@ -8,11 +8,32 @@ use burn::store::{ModuleSnapshot, SafetensorsStore};
 use crate::Error;
 
 /// Writes `bytes` to `path` through a temporary file in the same folder and a rename, so a
-/// crash leaves either the old file or the new one, never a truncated one.
+/// crash (of the program or of the machine) leaves either the old file or the new one, never a
+/// truncated one.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     let tmp = temporary_sibling(path);
     std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    replace_durably(&tmp, path)
+}
+
+/// Renames the finished file `tmp` to `path` once its bytes are on disk, then syncs the folder
+/// so that the rename is too: without both, a power loss can leave the new name on an empty or
+/// half-written file.
+fn replace_durably(tmp: &Path, path: &Path) -> Result<(), Error> {
+    let file = std::fs::File::open(tmp).map_err(|e| Error::io(tmp, e))?;
+    file.sync_all().map_err(|e| Error::io(tmp, e))?;
+    drop(file);
+    std::fs::rename(tmp, path).map_err(|e| Error::io(path, e))?;
+    let folder = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    // Folders cannot be opened for syncing on Windows; there the rename is what it is.
+    #[cfg(unix)]
+    std::fs::File::open(folder)
+        .and_then(|folder| folder.sync_all())
+        .map_err(|e| Error::io(folder, e))?;
+    Ok(())
 }
 
 fn temporary_sibling(path: &Path) -> PathBuf {
@@ -32,7 +53,14 @@ pub fn save_safetensors<M: Module>(module: &M, path: impl AsRef<Path>) -> Result
             path: path.into(),
             reason: e.to_string(),
         })?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    // The store writes through a private temporary file (mode 0600); weights are for sharing.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| Error::io(&tmp, e))?;
+    }
+    replace_durably(&tmp, path)
 }
 
 /// Loads a safetensors file into `module`; every tensor must be present with the module's shape

@@ -43,31 +43,6 @@ impl TokenWindows {
         Ok(Self { tokens, seq_len })
     }
 
-    /// Splits `tokens` at `1 − validation_fraction` into training and validation windows.
-    pub fn split(
-        tokens: &[u32],
-        seq_len: usize,
-        vocab_size: usize,
-        validation_fraction: f64,
-    ) -> Result<(Self, Self), Error> {
-        if !(0.0..1.0).contains(&validation_fraction) || validation_fraction == 0.0 {
-            return Err(Error::Data(format!(
-                "validation fraction must be in (0, 1), got {validation_fraction}"
-            )));
-        }
-        let cut = ((tokens.len() as f64) * (1.0 - validation_fraction)) as usize;
-        let part = |range: &[u32], name: &str| {
-            Self::new(range.into(), seq_len, vocab_size).map_err(|e| match e {
-                Error::Data(msg) => Error::Data(format!("{name} split: {msg}")),
-                other => other,
-            })
-        };
-        Ok((
-            part(&tokens[..cut], "training")?,
-            part(&tokens[cut..], "validation")?,
-        ))
-    }
-
     /// Tokens per window fed to the model.
     pub fn seq_len(&self) -> usize {
         self.seq_len

@@ -87,11 +87,30 @@ impl TextTokenizer {
 
     /// Writes `tokenizer.json` (to a temporary name first, so a crash leaves no half file).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<(), Error> {
-        let json = self
-            .inner
+        write_atomically(path.as_ref(), self.to_json()?.as_bytes())
+    }
+
+    /// The `tokenizer.json` text: what [`save`](Self::save) writes, and what a run's tokenizer
+    /// hash is taken of.
+    pub(crate) fn to_json(&self) -> Result<String, Error> {
+        self.inner
             .to_string(true)
-            .map_err(|e| Error::Tokenizer(e.to_string()))?;
-        write_atomically(path.as_ref(), json.as_bytes())
+            .map_err(|e| Error::Tokenizer(e.to_string()))
+    }
+
+    /// The id that text outside the vocabulary becomes, if the model has one: read from the
+    /// serialized model (`unk_token` for BPE, WordPiece and WordLevel, `unk_id` for Unigram),
+    /// the one form every model kind shares. Byte-level BPEs have none: every byte is a token.
+    pub(crate) fn unknown_id(&self) -> Result<Option<u32>, Error> {
+        let json: serde_json::Value =
+            serde_json::from_str(&self.to_json()?).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let model = &json["model"];
+        if let Some(id) = model["unk_id"].as_u64() {
+            return Ok(u32::try_from(id).ok());
+        }
+        Ok(model["unk_token"]
+            .as_str()
+            .and_then(|token| self.inner.token_to_id(token)))
     }
 
     /// Number of ids, added (special) tokens included.

@@ -141,6 +141,12 @@ impl LmConfig {
                 return fail(format!("{name} must be positive"));
             }
         }
+        if self.vocab_size < 2 {
+            return fail(format!(
+                "a vocabulary of {} token has nothing to predict: the loss is 0 from the start",
+                self.vocab_size
+            ));
+        }
         if self.d_model % self.n_heads != 0 {
             return fail(format!(
                 "n_heads = {} does not divide d_model = {}",

@@ -1,5 +1,6 @@
 //! The loss curve of a run, read back from the metric logs burn-train writes into its artifacts
-//! folder (`train/epoch-N/Loss.log`, `valid/epoch-N/Loss.log`).
+//! folder (`train/epoch-N/Loss.log`, `train/epoch-N/Learning_Rate.log`,
+//! `valid/epoch-N/Loss.log`).
 //!
 //! Each log line is a `NumericEntry`: one `loss,windows` line per batch, then one `loss,final`
 //! line with the epoch's window-weighted mean. Burn rewrites an epoch's file when that epoch is
@@ -20,6 +21,8 @@ pub struct LossCurve {
     /// `(step, loss)` for each epoch: the last training step of the epoch and the epoch's mean
     /// validation loss.
     pub valid: Vec<(usize, f64)>,
+    /// `(step, learning rate)` for each training batch.
+    pub learning_rate: Vec<(usize, f64)>,
 }
 
 impl LossCurve {
@@ -31,10 +34,12 @@ impl LossCurve {
     pub(crate) fn read(dir: &Path, epochs: usize) -> Result<Self, Error> {
         let mut curve = Self::default();
         for epoch in 1..=epochs {
-            let (batches, _) = read_log(&log_path(dir, "train", epoch))?;
             let first = curve.train.len() + 1;
+            let (batches, _) = read_log(&log_path(dir, "train", epoch, LOSS))?;
             curve.train.extend((first..).zip(batches));
-            let path = log_path(dir, "valid", epoch);
+            let (rates, _) = read_log(&log_path(dir, "train", epoch, LEARNING_RATE))?;
+            curve.learning_rate.extend((first..).zip(rates));
+            let path = log_path(dir, "valid", epoch, LOSS);
             let (_, mean) = read_log(&path)?;
             let mean = mean.ok_or_else(|| {
                 Error::Training(format!("{}: no final validation loss", path.display()))
@@ -45,10 +50,15 @@ impl LossCurve {
     }
 }
 
-fn log_path(dir: &Path, split: &str, epoch: usize) -> std::path::PathBuf {
+/// The names of burn-train's `LossMetric` and `LearningRateMetric`, which name their logs.
+pub(super) const LOSS: &str = "Loss";
+pub(super) const LEARNING_RATE: &str = "Learning Rate";
+
+fn log_path(dir: &Path, split: &str, epoch: usize, metric: &str) -> std::path::PathBuf {
     dir.join(split)
         .join(format!("epoch-{epoch}"))
-        .join("Loss.log")
+        // burn-train's file names have `_` for the metric name's spaces.
+        .join(format!("{}.log", metric.replace(' ', "_")))
 }
 
 /// The loss of each batch and the epoch's final mean, if the epoch finished.

@@ -15,10 +15,11 @@ use std::sync::Arc;
 
 use burn::config::Config;
 use burn::data::dataloader::DataLoaderBuilder;
+use burn::data::dataset::Dataset;
 use burn::module::Module;
 use burn::prelude::*;
-use burn::train::metric::LossMetric;
-use burn::train::{Learner, SupervisedTraining, TrainingStrategy};
+use burn::train::metric::{LearningRateMetric, LossMetric};
+use burn::train::{Interrupter, Learner, SupervisedTraining, TrainingStrategy};
 use burn_memwall::memory::MemoryMeter;
 use burn_memwall::optim::{InBackwardTraining, StepMemory};
 
@@ -26,13 +27,13 @@ pub use curve::LossCurve;
 pub use loader::EpochLoader;
 pub use measure::{StepMeasurement, measure_steps};
 pub use optimizer::StepOptimizer;
-pub use progress::{EpochRecord, ProgressRenderer};
+pub use progress::{EpochRecord, ProgressLog, ProgressRenderer};
 pub use stack::{Stack, Switches};
 pub use step::{LmOutput, MeanLoss, PerplexityFromLoss};
 
 use crate::Error;
 use crate::checkpoint::{save_safetensors, write_atomically};
-use crate::data::{LmBatcher, TokenWindows};
+use crate::data::{Corpus, CorpusIdentity, LmBatcher, TokenWindows};
 use crate::lm::{LanguageModel, LmConfig};
 
 /// How to train: everything but the model shape and the data.
@@ -75,16 +76,107 @@ pub struct TrainingConfig {
     /// Seeds the weights and the data order.
     #[config(default = 42)]
     pub seed: u64,
-    /// Share of the tokens held out for validation.
-    #[config(default = 0.1)]
-    pub validation_fraction: f64,
 }
 
-/// The model and training configs of an artifacts folder, saved so a resume can check them.
+impl TrainingConfig {
+    /// The settings a resume may change on purpose (`Start::Resume`'s `allow_change`): each
+    /// takes effect from the resumed step on and leaves the checkpoint's state valid (Burn's
+    /// scheduler records hold step counts, not rates).
+    pub const RESUME_MAY_CHANGE: [&str; 4] = [
+        "learning_rate",
+        "final_learning_rate",
+        "weight_decay",
+        "max_validation_steps",
+    ];
+
+    /// Checks the numbers once, before anything is built or written.
+    ///
+    /// # Errors
+    /// A rate or decay that is not finite or not positive, a count of 0, or batches per epoch
+    /// whose windows overflow.
+    pub fn validate(&self) -> Result<(), Error> {
+        let fail = |message: String| Err(Error::Training(message));
+        if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
+            return fail(format!(
+                "the learning rate must be finite and positive, got {}",
+                self.learning_rate
+            ));
+        }
+        if !(self.final_learning_rate.is_finite() && self.final_learning_rate >= 0.0) {
+            return fail(format!(
+                "the final learning rate must be finite and not negative, got {}",
+                self.final_learning_rate
+            ));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return fail(format!(
+                "the weight decay must be finite and not negative, got {}",
+                self.weight_decay
+            ));
+        }
+        for (name, value) in [
+            ("sequence length", Some(self.seq_len)),
+            ("batch size", Some(self.batch_size)),
+            ("number of epochs", Some(self.epochs)),
+            ("number of steps per epoch", self.max_steps_per_epoch),
+            ("number of validation steps", self.max_validation_steps),
+        ] {
+            if value == Some(0) {
+                return fail(format!("the {name} must be positive"));
+            }
+        }
+        for steps in [self.max_steps_per_epoch, self.max_validation_steps]
+            .into_iter()
+            .flatten()
+        {
+            if steps.checked_mul(self.batch_size).is_none() {
+                return fail(format!(
+                    "{steps} steps of {} windows overflow a count of windows",
+                    self.batch_size
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The model and training configs of a run.
 #[derive(Config, Debug, PartialEq)]
 pub struct RunConfig {
     pub model: LmConfig,
     pub training: TrainingConfig,
+}
+
+/// `run.json`: everything that shapes a run, written before its first step so that a resume can
+/// refuse any difference.
+#[derive(Config, Debug)]
+struct RunRecord {
+    run: RunConfig,
+    corpus: CorpusIdentity,
+    /// One line per resume that changed a setting on purpose.
+    history: Vec<String>,
+}
+
+/// How [`train`] treats what its artifacts folder already holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// A new run; refused if the folder holds one.
+    Fresh,
+    /// A new run, after deleting what the folder's run wrote.
+    Overwrite,
+    /// Continue the folder's run from its newest checkpoint that loads whole. Every setting
+    /// and input must be the run's own, but the number of epochs and the settings named in
+    /// `allow_change` (of [`TrainingConfig::RESUME_MAY_CHANGE`]), which `run.json` records.
+    Resume { allow_change: Vec<String> },
+}
+
+impl Start {
+    /// A resume that changes nothing but the number of epochs.
+    pub fn resume() -> Self {
+        Self::Resume {
+            allow_change: Vec::new(),
+        }
+    }
 }
 
 /// What a finished run measured.
@@ -97,6 +189,8 @@ pub struct TrainReport {
     pub step_memory: StepMemory,
     /// What was live before the run built its model, in the same units.
     pub live_before_bytes: u64,
+    /// The epoch a resume started after.
+    pub resumed_from: Option<usize>,
     /// The trained model (on the device, without autodiff).
     pub model: LanguageModel,
 }
@@ -118,8 +212,23 @@ impl Artifacts {
         &self.dir
     }
 
-    fn run_config(&self) -> PathBuf {
+    fn run_record(&self) -> PathBuf {
         self.dir.join("run.json")
+    }
+
+    /// The run's tokenizer, written before its first step; a resume reads the run's own.
+    pub fn tokenizer(&self) -> PathBuf {
+        self.dir.join("tokenizer.json")
+    }
+
+    /// Where `train` draws the loss curve.
+    pub fn loss_plot(&self) -> PathBuf {
+        self.dir.join("loss.svg")
+    }
+
+    /// Whether the folder holds a run (its record or its checkpoints).
+    pub fn holds_run(&self) -> bool {
+        self.run_record().exists() || self.checkpoint_folder().exists()
     }
 
     /// Where the checkpoints go (burn-train's default place).
@@ -145,25 +254,53 @@ impl Artifacts {
         LossCurve::read(&self.dir, self.last_complete_epoch().unwrap_or(0))
     }
 
-    /// Clears what an earlier run left (so a later resume cannot pick up its checkpoints) and
-    /// records `run`.
-    fn start_fresh(&self, run: &RunConfig) -> Result<(), Error> {
-        for stale in ["checkpoint", "train", "valid"] {
-            let path = self.dir.join(stale);
-            if path.exists() {
-                std::fs::remove_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+    /// Deletes what a run writes into the folder, and nothing else in it.
+    fn clear(&self) -> Result<(), Error> {
+        for folder in [
+            self.checkpoint_folder(),
+            self.dir.join("train"),
+            self.dir.join("valid"),
+        ] {
+            if folder.exists() {
+                std::fs::remove_dir_all(&folder).map_err(|e| Error::io(&folder, e))?;
             }
         }
-        std::fs::create_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
-        write_atomically(&self.run_config(), run.to_string().as_bytes())
+        let files = [
+            self.run_record(),
+            self.tokenizer(),
+            self.weights(),
+            self.loss_plot(),
+            self.dir.join("experiment.log"),
+        ];
+        for file in files {
+            if file.exists() {
+                std::fs::remove_file(&file).map_err(|e| Error::io(&file, e))?;
+            }
+        }
+        Ok(())
     }
 
-    /// The last epoch whose model, optimizer and scheduler were all written. Each file is
-    /// written whole or not at all, one after the other, so after a crash during a checkpoint
-    /// only some may exist for the last epoch.
+    /// Records a new run: its tokenizer first, then `run.json`, which marks the folder as
+    /// holding a run.
+    fn start(&self, record: &RunRecord, corpus: &Corpus) -> Result<(), Error> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
+        corpus.tokenizer().save(self.tokenizer())?;
+        write_atomically(&self.run_record(), record.to_string().as_bytes())
+    }
+
+    /// The last epoch whose model, optimizer and scheduler were all written.
     pub fn last_complete_epoch(&self) -> Option<usize> {
-        let entries = std::fs::read_dir(self.checkpoint_folder()).ok()?;
-        entries
+        self.complete_epochs().last().copied()
+    }
+
+    /// The epochs whose model, optimizer and scheduler were all written, in order. Each file
+    /// is written whole or not at all, one after the other, so after a crash during a
+    /// checkpoint only some may exist for the last epoch.
+    fn complete_epochs(&self) -> Vec<usize> {
+        let Ok(entries) = std::fs::read_dir(self.checkpoint_folder()) else {
+            return Vec::new();
+        };
+        let mut epochs: Vec<usize> = entries
             .filter_map(|e| {
                 let name = e.ok()?.file_name().into_string().ok()?;
                 name.strip_prefix("model-")?
@@ -176,13 +313,38 @@ impl Artifacts {
                     .iter()
                     .all(|kind| self.checkpoint(kind, epoch).exists())
             })
-            .max()
+            .collect();
+        epochs.sort_unstable();
+        epochs
+    }
+
+    /// Reads back every file of `epoch`'s checkpoint: the model into `run`'s model, then the
+    /// optimizer and scheduler records (and the per-parameter optimizer state of a run that
+    /// steps in backward). Each is dropped once read.
+    fn verify_checkpoint(
+        &self,
+        run: &RunConfig,
+        epoch: usize,
+        device: &Device,
+    ) -> Result<(), String> {
+        let model = run.model.init(device).map_err(|e| e.to_string())?;
+        model
+            .try_load_file(self.checkpoint("model", epoch))
+            .map_err(|e| format!("model: {e}"))?;
+        InBackwardTraining::verify_checkpoint(
+            self.checkpoint_folder(),
+            epoch,
+            run.training.optimizer.in_backward().is_some(),
+        )
+        .map_err(|e| e.to_string())
     }
 }
 
-/// Trains `model_config` on `tokens` through the Learner on `device`, checkpointing each epoch
-/// into `artifacts`. With `resume`, continues from the last complete checkpoint there, giving
-/// the same losses as a run that was never interrupted.
+/// Trains `run` on `corpus` through the Learner on `device`, checkpointing each epoch into
+/// `artifacts`. `start` says what to do with a run the folder already holds: refuse, replace
+/// it, or resume it from its newest checkpoint that loads whole, giving the same losses and
+/// learning rates as a run that was never interrupted. A step whose loss is not finite stops
+/// the run there, with an error naming it; no checkpoint of its epoch is kept.
 ///
 /// On a resume Burn 0.22.1 loads the optimizer state onto its default device before the first
 /// step moves it to `device`: make `device` Burn's default
@@ -190,10 +352,10 @@ impl Artifacts {
 /// state passes through another device's memory.
 pub fn train(
     run: &RunConfig,
-    tokens: &[u32],
+    corpus: &Corpus,
     device: &Device,
     artifacts: &Artifacts,
-    resume: bool,
+    start: &Start,
     quiet: bool,
 ) -> Result<TrainReport, Error> {
     let RunConfig {
@@ -201,6 +363,7 @@ pub fn train(
         training,
     } = run;
     model_config.validate()?;
+    training.validate()?;
     let scheduler = training.lr_scheduler()?;
     if training.seq_len > model_config.max_seq_len {
         return Err(Error::SequenceTooLong {
@@ -208,26 +371,45 @@ pub fn train(
             max_seq_len: model_config.max_seq_len,
         });
     }
-    if training.batch_size == 0 || training.epochs == 0 {
-        return Err(Error::Training(
-            "batch size and epochs must be positive".into(),
-        ));
-    }
-    let (train_windows, valid_windows) = TokenWindows::split(
-        tokens,
-        training.seq_len,
-        model_config.vocab_size,
-        training.validation_fraction,
-    )?;
-
-    let start_epoch = if resume {
-        check_resumable(run, artifacts, device)?
-    } else {
-        0
+    let windows = |tokens: &[u32], split: &str| {
+        TokenWindows::new(tokens.into(), training.seq_len, model_config.vocab_size).map_err(|e| {
+            match e {
+                Error::Data(message) => Error::Data(format!("{split} split: {message}")),
+                other => other,
+            }
+        })
     };
-    if !resume {
-        artifacts.start_fresh(run)?;
-    }
+    let train_windows = windows(corpus.train(), "training")?;
+    let valid_windows = windows(corpus.valid(), "validation")?;
+    let identity = corpus.identity()?;
+
+    let start_epoch = match start {
+        Start::Resume { allow_change } => {
+            let resumed = resume_point(run, &identity, allow_change, artifacts, device)?;
+            if !quiet {
+                for (epoch, reason) in &resumed.skipped {
+                    eprintln!("checkpoint of epoch {epoch} does not load ({reason}); skipped");
+                }
+            }
+            resumed.epoch
+        }
+        Start::Fresh | Start::Overwrite => {
+            if artifacts.holds_run() {
+                if *start == Start::Fresh {
+                    return Err(Error::Checkpoint {
+                        path: artifacts.dir().into(),
+                        reason: "holds a run already: resume it (--resume), or replace it \
+                                 (--overwrite)"
+                            .into(),
+                    });
+                }
+                artifacts.clear()?;
+            }
+            let record = RunRecord::new(run.clone(), identity, Vec::new());
+            artifacts.start(&record, corpus)?;
+            0
+        }
+    };
     if start_epoch >= training.epochs {
         return Err(Error::Training(format!(
             "the checkpoint is already at epoch {start_epoch} of {}; raise the number of epochs to continue",
@@ -245,9 +427,14 @@ pub fn train(
     // Drawn now, in the model's order, rather than at their first read inside the first step,
     // where they would be allocated between its activations.
     measure::initialize_parameters(&model);
+    let steps_per_epoch = train_windows.len().div_ceil(training.batch_size);
+    let steps_per_epoch = training
+        .max_steps_per_epoch
+        .map_or(steps_per_epoch, |cap| cap.min(steps_per_epoch));
     let train_loader = DataLoaderBuilder::new(LmBatcher)
         .batch_size(training.batch_size)
         .shuffle(training.seed)
+        .set_device(device.clone())
         .build(train_windows);
     let train_loader = EpochLoader::new(
         train_loader,
@@ -258,6 +445,7 @@ pub fn train(
     );
     let valid_loader = DataLoaderBuilder::new(LmBatcher)
         .batch_size(training.batch_size)
+        .set_device(device.clone())
         .build(valid_windows);
     let valid_loader = EpochLoader::new(
         valid_loader,
@@ -267,7 +455,10 @@ pub fn train(
         0,
     );
 
-    let (renderer, records) = ProgressRenderer::new(training.seq_len, quiet);
+    let interrupter = Interrupter::new();
+    let (renderer, progress) = ProgressRenderer::new(training.seq_len, quiet);
+    let renderer =
+        renderer.stopping_on_divergence(interrupter.clone(), start_epoch * steps_per_epoch);
     let optimizer = training.optimizer.init(training.weight_decay);
     // burn-train's own loop keeps a second handle on the model while it optimizes, which
     // would hold every old weight beside its in-backward update.
@@ -281,13 +472,27 @@ pub fn train(
     let strategy = Arc::new(strategy);
     let mut builder = SupervisedTraining::new(artifacts.dir(), train_loader, valid_loader)
         .metrics((LossMetric::new(), PerplexityFromLoss::default()))
+        .metric_train_numeric(LearningRateMetric::new())
         .with_training_strategy(TrainingStrategy::Custom(strategy.clone()))
+        .with_interrupter(interrupter)
         .renderer(Box::new(renderer))
         .num_epochs(training.epochs);
     if start_epoch > 0 {
         builder = builder.checkpoint(start_epoch);
     }
     let result = builder.launch(Learner::new(model, optimizer, scheduler));
+    let progress = progress.lock().expect("progress lock").clone();
+    if let Some((step, loss)) = progress.diverged {
+        let kept = match artifacts.last_complete_epoch() {
+            Some(epoch) => format!("the newest checkpoint is epoch {epoch}'s"),
+            None => "no checkpoint was written".into(),
+        };
+        return Err(Error::Training(format!(
+            "the loss was {loss} at step {step} (epoch {}); the run stopped there and {kept}. \
+             Lower the learning rate (or lengthen its warm-up)",
+            (step - 1) / steps_per_epoch + 1
+        )));
+    }
     if let Some(error) = result.error {
         return Err(Error::Training(error.to_string()));
     }
@@ -297,14 +502,14 @@ pub fn train(
         live_bytes: steps.live_bytes.saturating_sub(live_before),
         checkpoint_peak_bytes: steps.checkpoint_peak_bytes.saturating_sub(live_before),
     };
-    let epochs = records.lock().expect("records lock").clone();
+    let epochs = progress.epochs;
     if let Some(diverged) = epochs
         .iter()
         .find(|e| !(e.train_loss.is_finite() && e.valid_loss.is_finite()))
     {
         return Err(Error::Training(format!(
-            "the loss diverged in epoch {} (train {}, validation {}); lower the learning rate",
-            diverged.epoch, diverged.train_loss, diverged.valid_loss
+            "the validation loss was {} after epoch {}; lower the learning rate",
+            diverged.valid_loss, diverged.epoch
         )));
     }
     save_safetensors(&result.model, artifacts.weights())?;
@@ -312,12 +517,13 @@ pub fn train(
         epochs,
         step_memory,
         live_before_bytes: live_before,
+        resumed_from: (start_epoch > 0).then_some(start_epoch),
         model: result.model,
     })
 }
 
 /// `field: saved → now` for every top-level field where two configs differ.
-fn differences<C: Config>(saved: &C, now: &C) -> String {
+fn differences<C: Config>(saved: &C, now: &C) -> Vec<(String, String)> {
     let fields = |c: &C| match serde_json::to_value(c) {
         Ok(serde_json::Value::Object(map)) => map,
         _ => serde_json::Map::new(),
@@ -327,66 +533,118 @@ fn differences<C: Config>(saved: &C, now: &C) -> String {
         .into_iter()
         .filter(|(key, value)| now.get(key) != Some(value))
         .map(|(key, value)| {
-            format!(
+            let change = format!(
                 "{key}: {value} → {}",
                 now.get(&key).unwrap_or(&serde_json::Value::Null)
-            )
+            );
+            (key, change)
         })
+        .collect()
+}
+
+fn listed(changes: &[(String, String)]) -> String {
+    changes
+        .iter()
+        .map(|(_, change)| change.as_str())
         .collect::<Vec<_>>()
         .join(", ")
 }
 
-/// The epoch to resume from, after checking that the folder was made by the same configs (but
-/// for the number of epochs) and that its model checkpoint loads into this model.
-fn check_resumable(
+/// Where a resume starts, and the newer checkpoints it passed over.
+struct ResumePoint {
+    epoch: usize,
+    /// `(epoch, why)` for each newer checkpoint that did not load.
+    skipped: Vec<(usize, String)>,
+}
+
+/// The epoch to resume from, after checking that the folder's run had the same configs (but
+/// for the number of epochs and the settings in `allow_change`, which `run.json` then
+/// records) and the same inputs, and that every file of that epoch's checkpoint loads.
+fn resume_point(
     run: &RunConfig,
+    corpus: &CorpusIdentity,
+    allow_change: &[String],
     artifacts: &Artifacts,
     device: &Device,
-) -> Result<usize, Error> {
-    let saved_path = artifacts.run_config();
-    let saved = RunConfig::load(&saved_path).map_err(|e| Error::Checkpoint {
-        path: saved_path.clone(),
-        reason: format!("cannot resume: {e}"),
-    })?;
-    if saved.model != run.model {
-        return Err(Error::Checkpoint {
-            path: saved_path,
-            reason: format!(
-                "was trained with another model config ({})",
-                differences(&saved.model, &run.model)
-            ),
-        });
-    }
-    // Every training setting but the number of epochs shapes the steps a resume runs.
-    let resumable = TrainingConfig {
-        epochs: run.training.epochs,
-        ..saved.training.clone()
+) -> Result<ResumePoint, Error> {
+    let record_path = artifacts.run_record();
+    let refuse = |reason: String| Error::Checkpoint {
+        path: record_path.clone(),
+        reason,
     };
-    if resumable != run.training {
-        return Err(Error::Checkpoint {
-            path: saved_path,
-            reason: format!(
-                "was trained with other training settings ({}); only the number of epochs may \
-                 change for the resume to continue the run exactly",
-                differences(&resumable, &run.training)
-            ),
-        });
+    if let Some(unknown) = allow_change
+        .iter()
+        .find(|name| !TrainingConfig::RESUME_MAY_CHANGE.contains(&name.as_str()))
+    {
+        return Err(refuse(format!(
+            "`{unknown}` cannot change on a resume; these can: {}",
+            TrainingConfig::RESUME_MAY_CHANGE.join(", ")
+        )));
     }
-    let epoch = artifacts
-        .last_complete_epoch()
-        .ok_or_else(|| Error::Checkpoint {
-            path: artifacts.checkpoint_folder(),
-            reason:
-                "no complete checkpoint (model, optim and scheduler of one epoch) to resume from"
-                    .into(),
-        })?;
-    let model_path = artifacts.checkpoint("model", epoch);
-    run.model
-        .init(device)?
-        .try_load_file(&model_path)
-        .map_err(|e| Error::Checkpoint {
-            path: model_path.clone(),
-            reason: e.to_string(),
-        })?;
-    Ok(epoch)
+    let mut record =
+        RunRecord::load(&record_path).map_err(|e| refuse(format!("cannot resume: {e}")))?;
+    let changed = differences(&record.run.model, &run.model);
+    if !changed.is_empty() {
+        return Err(refuse(format!(
+            "was trained with another model config ({})",
+            listed(&changed)
+        )));
+    }
+    let changed = differences(&record.corpus, corpus);
+    if !changed.is_empty() {
+        return Err(refuse(format!(
+            "was trained on other data or with another tokenizer ({}); a resume must read \
+             the same text with the run's own tokenizer.json",
+            listed(&changed)
+        )));
+    }
+    // Every other training setting shapes the steps a resume runs.
+    let comparable = TrainingConfig {
+        epochs: run.training.epochs,
+        ..record.run.training.clone()
+    };
+    let (allowed, refused): (Vec<_>, Vec<_>) = differences(&comparable, &run.training)
+        .into_iter()
+        .partition(|(name, _)| allow_change.contains(name));
+    if !refused.is_empty() {
+        return Err(refuse(format!(
+            "was trained with other training settings ({}); only the number of epochs may \
+             change for the resume to continue the run exactly, and on purpose {}",
+            listed(&refused),
+            TrainingConfig::RESUME_MAY_CHANGE.join(", ")
+        )));
+    }
+
+    let mut skipped = Vec::new();
+    for epoch in artifacts.complete_epochs().into_iter().rev() {
+        match artifacts.verify_checkpoint(run, epoch, device) {
+            Ok(()) => {
+                if !allowed.is_empty() {
+                    record.history.push(format!(
+                        "resumed after epoch {epoch} with {}",
+                        listed(&allowed)
+                    ));
+                }
+                if !allowed.is_empty() || record.run.training.epochs != run.training.epochs {
+                    record.run.training = run.training.clone();
+                    write_atomically(&record_path, record.to_string().as_bytes())?;
+                }
+                return Ok(ResumePoint { epoch, skipped });
+            }
+            Err(reason) => skipped.push((epoch, reason)),
+        }
+    }
+    let tried = skipped
+        .iter()
+        .map(|(epoch, reason)| format!("epoch {epoch}: {reason}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    Err(Error::Checkpoint {
+        path: artifacts.checkpoint_folder(),
+        reason: if tried.is_empty() {
+            "no complete checkpoint (model, optim and scheduler of one epoch) to resume from".into()
+        } else {
+            format!("no checkpoint loads whole ({tried})")
+        },
+    })
 }

@@ -5,13 +5,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use burn::train::LearnerSummary;
+use super::curve::{LEARNING_RATE, LOSS};
 use burn::train::logger::{EvaluationProgressLogger, TrainingProgressLogger};
 use burn::train::metric::{MetricDefinition, MetricId, NumericEntry};
 use burn::train::renderer::{
     EvaluationName, MetricState, MetricsRenderer, MetricsRendererEvaluation,
     MetricsRendererTraining,
 };
+use burn::train::{Interrupter, LearnerSummary};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// What one epoch measured.
@@ -26,11 +27,26 @@ pub struct EpochRecord {
     pub train_tokens_per_s: f64,
 }
 
-/// Renders training progress and records each epoch into a shared list.
+/// What a run's progress recorded: every finished epoch, and the first step whose loss was not
+/// finite, if one was.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProgressLog {
+    pub epochs: Vec<EpochRecord>,
+    /// `(step, loss)`, the step counted from 1 across the run (resumed epochs included).
+    pub diverged: Option<(usize, f64)>,
+}
+
+/// Renders training progress (the loss and learning rate of each step, one line per epoch),
+/// records each epoch into a shared [`ProgressLog`], and stops the run at the first step whose
+/// loss is not finite.
 pub struct ProgressRenderer {
     metric_names: HashMap<MetricId, String>,
-    records: Arc<Mutex<Vec<EpochRecord>>>,
+    log: Arc<Mutex<ProgressLog>>,
     current: EpochRecord,
+    /// The training steps before this one, resumed epochs included.
+    steps: usize,
+    learning_rate: Option<f64>,
+    interrupter: Option<Interrupter>,
     split: String,
     split_start: Instant,
     items: usize,
@@ -41,13 +57,16 @@ pub struct ProgressRenderer {
 
 impl ProgressRenderer {
     /// `tokens_per_item` converts items (windows) into tokens for the speed; with `quiet` only
-    /// the records are kept (for tests).
-    pub fn new(tokens_per_item: usize, quiet: bool) -> (Self, Arc<Mutex<Vec<EpochRecord>>>) {
-        let records = Arc::new(Mutex::new(Vec::new()));
+    /// the log is kept (for tests).
+    pub fn new(tokens_per_item: usize, quiet: bool) -> (Self, Arc<Mutex<ProgressLog>>) {
+        let log = Arc::new(Mutex::new(ProgressLog::default()));
         let renderer = Self {
             metric_names: HashMap::new(),
-            records: records.clone(),
+            log: log.clone(),
             current: EpochRecord::default(),
+            steps: 0,
+            learning_rate: None,
+            interrupter: None,
             split: String::new(),
             split_start: Instant::now(),
             items: 0,
@@ -55,24 +74,68 @@ impl ProgressRenderer {
             bar: None,
             quiet,
         };
-        (renderer, records)
+        (renderer, log)
+    }
+
+    /// Stops the run through `interrupter` at the first step whose loss is not finite, naming
+    /// it in the log; `steps_before` counts the steps of the epochs a resume starts after.
+    ///
+    /// Burn's metrics reach the renderer from their own thread, so the steps already queued
+    /// behind the bad one still run; the strategy's checkpoint waits for the metrics (an event
+    /// flush) and sees the stop, so no checkpoint of that epoch is written.
+    pub fn stopping_on_divergence(mut self, interrupter: Interrupter, steps_before: usize) -> Self {
+        self.interrupter = Some(interrupter);
+        self.steps = steps_before;
+        self
     }
 
     fn on_metric(&mut self, state: MetricState, split: &str) {
         let MetricState::Numeric(entry, Some(value)) = state else {
             return;
         };
-        if self.metric_names.get(&entry.metric_id).map(String::as_str) != Some("Loss") {
-            return;
+        match self.metric_names.get(&entry.metric_id).map(String::as_str) {
+            Some(LOSS) => {}
+            Some(LEARNING_RATE) => {
+                if let NumericEntry::Value(rate) = value {
+                    self.learning_rate = Some(rate);
+                }
+                return;
+            }
+            _ => return,
         }
         match (value, split) {
             (NumericEntry::Final(loss), "train") => self.current.train_loss = loss,
             (NumericEntry::Final(loss), _) => self.current.valid_loss = loss,
+            (running, "train") => {
+                self.steps += 1;
+                let loss = running.current();
+                if !loss.is_finite() {
+                    self.on_divergence(loss);
+                }
+                if let Some(bar) = &self.bar {
+                    let rate = self
+                        .learning_rate
+                        .map(|rate| format!("  lr {rate:.3e}"))
+                        .unwrap_or_default();
+                    bar.set_message(format!("loss {loss:.4}{rate}"));
+                }
+            }
             (running, _) => {
                 if let Some(bar) = &self.bar {
                     bar.set_message(format!("loss {:.4}", running.current()));
                 }
             }
+        }
+    }
+
+    fn on_divergence(&mut self, loss: f64) {
+        let Some(interrupter) = &self.interrupter else {
+            return;
+        };
+        let mut log = self.log.lock().expect("progress log lock");
+        if log.diverged.is_none() {
+            log.diverged = Some((self.steps, loss));
+            interrupter.stop(Some(&format!("the loss was {loss} at step {}", self.steps)));
         }
     }
 
@@ -107,12 +170,20 @@ impl TrainingProgressLogger for ProgressRenderer {
     fn update_epoch(&mut self, epoch: usize) {
         let record = self.current;
         if !self.quiet {
+            let rate = self
+                .learning_rate
+                .map(|rate| format!("  lr {rate:.3e}"))
+                .unwrap_or_default();
             println!(
-                "epoch {:>3}  train loss {:.4}  valid loss {:.4}  {:.0} tokens/s",
+                "epoch {:>3}  train loss {:.4}  valid loss {:.4}  {:.0} tokens/s{rate}",
                 record.epoch, record.train_loss, record.valid_loss, record.train_tokens_per_s
             );
         }
-        self.records.lock().expect("records lock").push(record);
+        self.log
+            .lock()
+            .expect("progress log lock")
+            .epochs
+            .push(record);
         self.current = EpochRecord {
             epoch: epoch + 1,
             ..Default::default()

@@ -97,6 +97,30 @@ impl Checkpoints {
         Ok(())
     }
 
+    /// Brings the strategy up to a run resumed after `epoch`, deleting what it lets go.
+    ///
+    /// burn-train's strategies hold what they have seen in memory: an epoch is deleted once
+    /// every strategy has let it go, and the best-validation one lets an epoch go only after it
+    /// has seen it. A resumed run's strategies have seen none of the epochs before it, so
+    /// without this those epochs' checkpoints would be kept forever. The validation losses they
+    /// compare come from the run's metric logs on disk.
+    pub(super) fn replay(
+        &mut self,
+        epoch: usize,
+        events: &EventStoreClient,
+    ) -> Result<(), CheckpointerError> {
+        for seen in 1..=epoch {
+            for action in self.strategy.checkpointing(seen, events) {
+                if let CheckpointingAction::Delete(old) = action
+                    && old != epoch
+                {
+                    self.delete(old)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Written into a scratch folder that is renamed when complete, so that a folder under the
     /// final name is always whole.
     fn save_states_per_parameter(
@@ -167,6 +191,34 @@ impl Checkpoints {
         in_backward: &InBackward,
         template: &ModuleOptimizer,
     ) -> Result<(), CheckpointerError> {
+        in_backward.load_states_per_parameter(template, self.states_per_parameter_records(epoch)?)
+    }
+
+    /// Reads back every file of `epoch` but the model's, and drops what it read: the optimizer
+    /// and scheduler records and, with `per_parameter`, each parameter's optimizer state.
+    pub(super) fn verify(
+        &self,
+        epoch: usize,
+        per_parameter: bool,
+    ) -> Result<(), CheckpointerError> {
+        self.optimizer_and_scheduler(epoch)?;
+        if per_parameter {
+            for record in self.states_per_parameter_records(epoch)? {
+                record?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `epoch`'s optimizer state kept per parameter, read one parameter at a time as the
+    /// iterator is driven.
+    fn states_per_parameter_records(
+        &self,
+        epoch: usize,
+    ) -> Result<
+        impl Iterator<Item = Result<(ParamId, OptimizerRecord), CheckpointerError>> + use<>,
+        CheckpointerError,
+    > {
         let folder = self.states_per_parameter(epoch);
         let unknown = |reason: String| CheckpointerError::Unknown(reason);
         let entries = std::fs::read_dir(&folder).map_err(|error| {
@@ -176,7 +228,7 @@ impl Checkpoints {
                 folder.display()
             ))
         })?;
-        let records = entries.map(|entry| {
+        let records = entries.map(move |entry| {
             let path = entry.map_err(CheckpointerError::IOError)?.path();
             let id = path
                 .file_stem()
@@ -185,7 +237,7 @@ impl Checkpoints {
             let record = OptimizerRecord::load(&path).map_err(CheckpointerError::Record)?;
             Ok((ParamId::from(id), record))
         });
-        in_backward.load_states_per_parameter(template, records)
+        Ok(records)
     }
 }
 

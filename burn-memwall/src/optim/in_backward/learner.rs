@@ -20,6 +20,7 @@ use burn::data::dataloader::{DataLoader, Progress};
 use burn::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::optim::ModuleOptimizer;
 use burn::prelude::*;
+use burn::train::checkpoint::CheckpointerError;
 use burn::train::{
     EventProcessorTraining, InferenceStep, Interrupter, ItemLazy, Learner, LearnerEvent,
     LearnerModel, SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader,
@@ -131,6 +132,22 @@ impl InBackwardTraining {
         self
     }
 
+    /// Reads back every file of `epoch`'s checkpoint in `folder` (as given to
+    /// [`Self::with_checkpoints`]) but the model's, whose record only the model can check: the
+    /// optimizer and scheduler records and, with `per_parameter` (a run given
+    /// [`Self::with_in_backward`]), each parameter's optimizer state. A resume can then pick
+    /// the newest epoch that loads whole rather than fail inside the run.
+    ///
+    /// # Errors
+    /// The first file that is missing or does not decode.
+    pub fn verify_checkpoint(
+        folder: impl Into<PathBuf>,
+        epoch: usize,
+        per_parameter: bool,
+    ) -> Result<(), CheckpointerError> {
+        Checkpoints::new(folder.into()).verify(epoch, per_parameter)
+    }
+
     /// What the steps of the finished run held, if a meter was given.
     pub fn step_memory(&self) -> Option<StepMemory> {
         *self.memory.lock().expect("step memory lock")
@@ -230,6 +247,12 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
                 interrupter.fail(error);
                 return (model, event_processor);
             }
+        }
+        if let (Some(epoch), Some(checkpoints)) = (checkpoint, &mut checkpoints)
+            && let Err(error) = checkpoints.replay(epoch, &event_store)
+        {
+            interrupter.fail(error);
+            return (model, event_processor);
         }
         let train = dataloader_train.to_device(&self.device);
         let valid = dataloader_valid.to_device(&self.device.clone().inner());
