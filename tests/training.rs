@@ -610,6 +610,39 @@ fn a_resume_changes_a_setting_only_when_allowed_and_records_it() {
     }
 }
 
+/// A resume inside the warm-up continues it across its end into the decay: every step's rate
+/// and loss is the uninterrupted run's (a schedule that restarted on resume would climb again
+/// from its first rate).
+#[test]
+fn a_resume_during_the_warm_up_continues_the_schedule_exactly() {
+    let _turn = common::take_turn();
+    let device = Device::flex();
+    let config = |epochs| {
+        let mut config = run_config(epochs);
+        config.training.warmup_steps = 16;
+        config.training.decay_steps = 16;
+        config
+    };
+    let uninterrupted_dir = common::temp_dir();
+    let uninterrupted = Artifacts::new(uninterrupted_dir.path());
+    run(&config(3), &device, &uninterrupted, &Start::Fresh).unwrap();
+    let dir = common::temp_dir();
+    let artifacts = Artifacts::new(dir.path());
+    run(&config(1), &device, &artifacts, &Start::Fresh).unwrap();
+    run(&config(3), &device, &artifacts, &Start::resume()).unwrap();
+    let (want, got) = (
+        uninterrupted.loss_curve().unwrap(),
+        artifacts.loss_curve().unwrap(),
+    );
+    assert_eq!(got.learning_rate, want.learning_rate);
+    assert_eq!(got.train, want.train);
+    let rates: Vec<f64> = got.learning_rate.iter().map(|&(_, rate)| rate).collect();
+    assert!(
+        rates[11] < rates[12] && rates[12] < rates[15] && rates[15] > rates[20],
+        "the resume at step 13 is inside the warm-up, which ends at 16: {rates:?}"
+    );
+}
+
 /// A resumed run keeps what an uninterrupted one keeps (the last two epochs and the best
 /// validation epoch), the epochs from before the resume included.
 #[test]
