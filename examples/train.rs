@@ -183,6 +183,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         return Err("--vocab sets the size of a BPE trained here (--tokenizer bpe)".into());
     }
     let tokenizer = match (&args.tokenizer_file, args.tokenizer) {
+        // On a resume too: the run then checks that it is the run's own.
+        (Some(path), _) => TextTokenizer::from_file(path)?,
         // The run's own: a tokenizer built again (a BPE retrained) could give ids other
         // meanings than the weights learned.
         _ if args.resume => {
@@ -192,7 +194,6 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             );
             TextTokenizer::from_file(artifacts.tokenizer())?
         }
-        (Some(path), _) => TextTokenizer::from_file(path)?,
         (None, TokenizerKind::Byte) => TextTokenizer::byte_level(),
         (None, TokenizerKind::Bpe) => {
             let (training_text, _) = split_text(&text, args.validation_fraction)?;

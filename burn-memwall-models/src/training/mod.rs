@@ -14,8 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use burn::config::Config;
-use burn::data::dataloader::DataLoaderBuilder;
-use burn::data::dataset::Dataset;
+use burn::data::dataloader::{DataLoader, DataLoaderBuilder};
 use burn::module::Module;
 use burn::prelude::*;
 use burn::train::metric::{LearningRateMetric, LossMetric};
@@ -427,10 +426,6 @@ pub fn train(
     // Drawn now, in the model's order, rather than at their first read inside the first step,
     // where they would be allocated between its activations.
     measure::initialize_parameters(&model);
-    let steps_per_epoch = train_windows.len().div_ceil(training.batch_size);
-    let steps_per_epoch = training
-        .max_steps_per_epoch
-        .map_or(steps_per_epoch, |cap| cap.min(steps_per_epoch));
     let train_loader = DataLoaderBuilder::new(LmBatcher)
         .batch_size(training.batch_size)
         .shuffle(training.seed)
@@ -443,6 +438,7 @@ pub fn train(
             .map(|steps| steps * training.batch_size),
         start_epoch,
     );
+    let steps_per_epoch = train_loader.num_items().div_ceil(training.batch_size);
     let valid_loader = DataLoaderBuilder::new(LmBatcher)
         .batch_size(training.batch_size)
         .set_device(device.clone())
@@ -508,8 +504,9 @@ pub fn train(
         .find(|e| !(e.train_loss.is_finite() && e.valid_loss.is_finite()))
     {
         return Err(Error::Training(format!(
-            "the validation loss was {} after epoch {}; lower the learning rate",
-            diverged.valid_loss, diverged.epoch
+            "the loss was not finite in epoch {} (train {}, validation {}); lower the learning \
+             rate",
+            diverged.epoch, diverged.train_loss, diverged.valid_loss
         )));
     }
     save_safetensors(&result.model, artifacts.weights())?;

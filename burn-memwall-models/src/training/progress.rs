@@ -113,11 +113,7 @@ impl ProgressRenderer {
                     self.on_divergence(loss);
                 }
                 if let Some(bar) = &self.bar {
-                    let rate = self
-                        .learning_rate
-                        .map(|rate| format!("  lr {rate:.3e}"))
-                        .unwrap_or_default();
-                    bar.set_message(format!("loss {loss:.4}{rate}"));
+                    bar.set_message(format!("loss {loss:.4}{}", self.rate_shown()));
                 }
             }
             (running, _) => {
@@ -126,6 +122,13 @@ impl ProgressRenderer {
                 }
             }
         }
+    }
+
+    /// `  lr 1.000e-3` once a rate has been seen, for the end of a progress line.
+    fn rate_shown(&self) -> String {
+        self.learning_rate
+            .map(|rate| format!("  lr {rate:.3e}"))
+            .unwrap_or_default()
     }
 
     fn on_divergence(&mut self, loss: f64) {
@@ -170,13 +173,13 @@ impl TrainingProgressLogger for ProgressRenderer {
     fn update_epoch(&mut self, epoch: usize) {
         let record = self.current;
         if !self.quiet {
-            let rate = self
-                .learning_rate
-                .map(|rate| format!("  lr {rate:.3e}"))
-                .unwrap_or_default();
             println!(
-                "epoch {:>3}  train loss {:.4}  valid loss {:.4}  {:.0} tokens/s{rate}",
-                record.epoch, record.train_loss, record.valid_loss, record.train_tokens_per_s
+                "epoch {:>3}  train loss {:.4}  valid loss {:.4}  {:.0} tokens/s{}",
+                record.epoch,
+                record.train_loss,
+                record.valid_loss,
+                record.train_tokens_per_s,
+                self.rate_shown()
             );
         }
         self.log
