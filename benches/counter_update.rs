@@ -22,11 +22,11 @@ use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_memwall::DeviceChoice;
-use burn_memwall::device::describe;
-use burn_memwall::memory::{CountingAllocator, human_bytes};
-use burn_memwall::ops::counter_code::{
+use burn_memwall::codes::counter::{
     CounterCode, CounterHyper, bias_correction, set_code, words_per_row,
 };
+use burn_memwall::device::describe;
+use burn_memwall::memory::{CountingAllocator, human_bytes};
 use burn_memwall::ops::counter_linear::{CounterTensors, HostWeights};
 use burn_memwall::optim::FusedAdamWConfig;
 use clap::Parser;
@@ -118,7 +118,7 @@ fn measure(args: &Args, path: &str) -> Result<Row, Box<dyn std::error::Error>> {
             };
             let mut state = CounterTensors::from_host(host, &device);
             let mut step = 0;
-            common::measure_steps(&device, args.run.repeats, || {
+            common::measure_op_step(&device, args.run.repeats, || {
                 state.update_rows(0..rows, gradient.clone(), &HYPER, step);
                 step += 1;
                 state.scale.clone()
@@ -135,7 +135,7 @@ fn measure(args: &Args, path: &str) -> Result<Row, Box<dyn std::error::Error>> {
                 mean_square: Tensor::<2>::zeros([rows, 1], &device),
             };
             let mut step = 0;
-            common::measure_steps(&device, args.run.repeats, || {
+            common::measure_op_step(&device, args.run.repeats, || {
                 state = unfused_update(state.clone(), gradient.clone(), step);
                 step += 1;
                 state.scale.clone()
@@ -158,7 +158,7 @@ fn measure(args: &Args, path: &str) -> Result<Row, Box<dyn std::error::Error>> {
                 &autodiff,
             ));
             let gradient = gradient.clone().transpose();
-            common::measure_steps(&device, args.run.repeats, || {
+            common::measure_op_step(&device, args.run.repeats, || {
                 let mut grads = GradientsParams::new();
                 grads.register(layer.weight.id, gradient.clone());
                 let stepped = optimizer.step(1e-3, layer.clone(), grads);
@@ -186,7 +186,7 @@ struct Unpacked {
     mean_square: Tensor<2>,
 }
 
-/// `counter_code::update_row`'s arithmetic as tensor ops over the whole layer.
+/// `codes::counter::update_row`'s arithmetic as tensor ops over the whole layer.
 fn unfused_update(state: Unpacked, gradient: Tensor<2>, step: u32) -> Unpacked {
     let Unpacked {
         t,

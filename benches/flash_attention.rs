@@ -137,7 +137,7 @@ fn measure(args: &Args, path: &str, seq: usize) -> Result<Row, Box<dyn std::erro
             .backward();
         q.grad(&grads).expect("q is tracked")
     };
-    let measured = common::measure_steps(&device, args.run.repeats, step)?;
+    let measured = common::measure_op_step(&device, args.run.repeats, step)?;
     Ok(Row {
         path: path.to_owned(),
         device: describe(&device),

@@ -144,7 +144,7 @@ fn measure(
     if path.starts_with("counter") {
         let head = CounterLinearConfig::new(args.d, vocab)
             .with_bias(false)
-            .init(&autodiff)?;
+            .init(&autodiff);
         let fused = match path {
             "counter" => true,
             "counter-logits" => false,
@@ -165,7 +165,7 @@ fn measure(
                 .grad(&loss.backward())
                 .expect("the hidden states are tracked")
         };
-        let measured = common::measure_steps(&device, args.run.repeats, step)?;
+        let measured = common::measure_op_step(&device, args.run.repeats, step)?;
         return Ok(row(path, &device, vocab, tokens, args, measured));
     }
     let gradients = match path {
@@ -196,7 +196,7 @@ fn measure(
             .grad(&loss.backward())
             .expect("the weight is tracked")
     };
-    let measured = common::measure_steps(&device, args.run.repeats, step)?;
+    let measured = common::measure_op_step(&device, args.run.repeats, step)?;
     Ok(row(path, &device, vocab, tokens, args, measured))
 }
 

@@ -20,10 +20,11 @@ mod common;
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution};
 use burn_memwall::DeviceChoice;
+use burn_memwall::codes::PackedLayout;
+use burn_memwall::codes::counter::CounterCode;
 use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, human_bytes};
-use burn_memwall::ops::counter_code::CounterCode;
-use burn_memwall::ops::packed_matmul::{PackedLayout, PackedWeight};
+use burn_memwall::nn::PackedWeight;
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 
@@ -90,7 +91,7 @@ fn measure(args: &Args, path: &str) -> Result<Row, Box<dyn std::error::Error>> {
         "ternary" => PackedLayout::Ternary,
         "dense" => {
             let weight = Tensor::<2>::random([d_output, d_input], Distribution::Default, &device);
-            let measured = common::measure_steps(&device, args.run.repeats, || {
+            let measured = common::measure_op_step(&device, args.run.repeats, || {
                 let y = x.clone().matmul(weight.clone().transpose());
                 let dx = dy.clone().matmul(weight.clone());
                 y.slice([0..1, 0..1]) + dx.slice([0..1, 0..1])
@@ -113,7 +114,7 @@ fn measure(args: &Args, path: &str) -> Result<Row, Box<dyn std::error::Error>> {
         codes,
         scale: Tensor::ones([d_output], &device) * 0.02,
     };
-    let measured = common::measure_steps(&device, args.run.repeats, || {
+    let measured = common::measure_op_step(&device, args.run.repeats, || {
         let y = weight.matmul(x.clone());
         let dx = weight.matmul_transposed(dy.clone());
         y.slice([0..1, 0..1]) + dx.slice([0..1, 0..1])

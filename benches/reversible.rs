@@ -141,7 +141,7 @@ fn measure(args: &Args, path: &str, depth: usize) -> Result<Row, Box<dyn std::er
         let grads = (y * weights.clone()).sum().backward();
         x.grad(&grads).expect("x is tracked")
     };
-    let measured = common::measure_steps(&device, args.run.repeats, step)?;
+    let measured = common::measure_op_step(&device, args.run.repeats, step)?;
     Ok(Row {
         path: path.to_owned(),
         device: describe(&device),

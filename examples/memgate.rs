@@ -18,7 +18,9 @@ use burn_memwall_models::data::{TextTokenizer, load_text};
 use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, human_count,
 };
-use burn_memwall_models::training::{Stack as NamedStack, StepOptimizer, Switches, measure_steps};
+use burn_memwall_models::training::{
+    Stack as NamedStack, StepOptimizer, Switches, measure_training_steps,
+};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -375,7 +377,7 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
         .chunks_exact(args.seq + 1)
         .map(<[u32]>::to_vec)
         .collect();
-    let measured = measure_steps(
+    let measured = measure_training_steps(
         &config, optimizer, &windows, args.batch, args.steps, args.lr, args.seed, &device,
     )?;
     let pools = measured.pools;

@@ -11,12 +11,11 @@ mod common;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::{EmbeddingConfig, LinearConfig};
 use burn::prelude::*;
+use burn_memwall::codes::counter::{CounterHyper, code_at, update_row, words_per_row};
 use burn_memwall::nn::{
     CounterEmbedding, CounterLinear, CounterLinearConfig, FusedLinearCrossEntropyLossConfig,
 };
-use burn_memwall::ops::counter_code::{CounterHyper, code_at, update_row, words_per_row};
-use burn_memwall::ops::counter_linear::HostWeights;
-use burn_memwall::ops::fused_linear_cross_entropy::Reduction;
+use burn_memwall::nn::{HostWeights, Reduction};
 use burn_memwall::ops::packed_matmul::BLOCK_WEIGHTS;
 use common::{assert_close, devices, flat, host_tensor, rows_of};
 
@@ -49,8 +48,7 @@ fn layer(d_input: usize, d_output: usize, bias: bool, device: &Device) -> Counte
         .with_bias(bias)
         .with_scale_learning_rate(1e-3)
         .with_learning_rate(0.05)
-        .init_from_linear(&linear)
-        .unwrap()
+        .init_from_linear(linear)
 }
 
 #[test]
@@ -217,11 +215,16 @@ fn converts_from_a_linear_and_exports_a_linear_and_packed_ternaries() {
         linear.forward(x.clone()).into_data(),
         layer.forward(x).into_data(),
     );
-    assert!(
+    let panic = std::panic::catch_unwind(|| {
         CounterLinearConfig::new(4, 4)
             .with_counter_limit(12)
             .init(&device)
-            .is_err()
+    })
+    .unwrap_err();
+    let message = panic.downcast_ref::<String>().unwrap();
+    assert!(
+        message.contains("counter limit 12 is out of range"),
+        "{message}"
     );
 }
 
@@ -282,8 +285,7 @@ fn a_record_resumes_the_training_exactly() {
     let fresh = CounterLinearConfig::new(24, 12)
         .with_scale_learning_rate(1e-3)
         .with_learning_rate(0.05)
-        .init(&device)
-        .unwrap();
+        .init(&device);
     assert_ne!(fresh.weights.host(), layer.weights.host());
     let resumed = fresh.load_file(&path);
     assert_eq!(resumed.weights.host(), layer.weights.host());
@@ -306,11 +308,10 @@ fn learns_a_linear_map() {
             .with_bias(false)
             .with_learning_rate(0.02)
             .init_from_linear(
-                &LinearConfig::new(d_input, d_output)
+                LinearConfig::new(d_input, d_output)
                     .with_bias(false)
                     .init(&device),
-            )
-            .unwrap();
+            );
         let loss_at = |step: usize| {
             let x = host_tensor([64, d_input], step as f32 * 0.31, &device);
             let want = x.clone().inner().matmul(target.clone());
@@ -426,7 +427,7 @@ fn an_embedding_looks_up_its_rows_and_updates_as_a_dense_gradient_would() {
             .with_bias(false)
             .with_scale_learning_rate(1e-3)
             .with_learning_rate(0.05);
-        let layer = CounterEmbedding::from_embedding(&table, &config).unwrap();
+        let layer = CounterEmbedding::from_embedding(table, &config);
         let before = layer.weights.host();
         let rows = dense(&before);
         let tokens = Tensor::<2, Int>::from_data(ids, &device);
@@ -468,7 +469,7 @@ fn an_embedding_refuses_an_id_outside_its_table_and_a_config_of_another_shape() 
     let device = Device::flex();
     let table = EmbeddingConfig::new(10, 8).init(&device);
     let config = CounterLinearConfig::new(8, 10).with_bias(false);
-    let layer = CounterEmbedding::from_embedding(&table, &config).unwrap();
+    let layer = CounterEmbedding::from_embedding(table.clone(), &config);
     let tokens = Tensor::<2, Int>::from_data([[1i64, 10]], &device);
     let panic = std::panic::catch_unwind(|| layer.forward(tokens)).unwrap_err();
     let message = panic.downcast_ref::<String>().unwrap();
@@ -479,7 +480,7 @@ fn an_embedding_refuses_an_id_outside_its_table_and_a_config_of_another_shape() 
     // A config of another shape (here the transposed one) is refused, not silently reshaped.
     let transposed = CounterLinearConfig::new(10, 8).with_bias(false);
     let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        CounterEmbedding::from_embedding(&table, &transposed)
+        CounterEmbedding::from_embedding(table, &transposed)
     }))
     .unwrap_err();
     let message = panic.downcast_ref::<String>().unwrap();

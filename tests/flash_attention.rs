@@ -5,7 +5,10 @@ mod common;
 
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution, FloatDType};
-use burn_memwall::ops::flash_attention::{self, FlashAttentionOptions, flash_attention};
+use burn_memwall::ops::flash_attention::{
+    self, AttentionShapes, FlashAttentionError, FlashAttentionOptions, flash_attention,
+    try_flash_attention,
+};
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -290,4 +293,28 @@ fn bad_shapes_name_the_shapes() {
             .to_string();
         assert!(message.contains(wanted), "{message}");
     }
+}
+
+/// `try_flash_attention` returns what `flash_attention` panics with, as a value a caller can
+/// match; nothing is attended.
+#[test]
+fn try_flash_attention_returns_the_shapes_that_do_not_fit() {
+    let device = Device::flex();
+    let t = |shape: [usize; 4]| Tensor::<4>::zeros(shape, &device);
+    let (q, k) = ([1, 6, 8, 32], [1, 4, 8, 32]);
+    let error =
+        try_flash_attention(t(q), t(k), t(k), None, FlashAttentionOptions::default()).unwrap_err();
+    assert_eq!(
+        error,
+        FlashAttentionError::Heads {
+            heads: 6,
+            kv_heads: 4,
+            shapes: AttentionShapes { q, k, v: k },
+        }
+    );
+    let panic = std::panic::catch_unwind(|| {
+        flash_attention(t(q), t(k), t(k), None, FlashAttentionOptions::default())
+    })
+    .unwrap_err();
+    assert_eq!(panic.downcast_ref::<String>(), Some(&error.to_string()));
 }

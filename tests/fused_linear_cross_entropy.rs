@@ -9,9 +9,10 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::prelude::*;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{DType, Distribution};
+use burn_memwall::nn::FusedLinearCrossEntropyLossConfig;
 use burn_memwall::ops::fused_linear_cross_entropy::{
-    FusedCrossEntropyOptions, GradientPass, Reduction, fused_linear_cross_entropy,
-    try_fused_linear_cross_entropy,
+    FusedCrossEntropyError, FusedCrossEntropyOptions, GradientPass, Reduction,
+    fused_linear_cross_entropy, try_fused_linear_cross_entropy,
 };
 
 #[derive(Clone, Debug)]
@@ -500,4 +501,38 @@ fn bad_inputs_are_named() {
         );
         assert!(message.contains(what), "{message}");
     }
+}
+
+/// The errors carry their values, so a caller can tell one case from another without reading
+/// the message.
+#[test]
+fn errors_carry_what_was_wrong() {
+    let device = Device::flex();
+    let targets = Tensor::<1, Int>::from_data([1i64, 2, 10, 3], &device);
+    let error = try_fused_linear_cross_entropy(
+        Tensor::zeros([4, 8], &device),
+        Tensor::zeros([10, 8], &device),
+        None,
+        targets,
+        FusedCrossEntropyOptions::default(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        error,
+        FusedCrossEntropyError::TargetOutOfRange {
+            target: 10,
+            token: 2,
+            vocab: 10,
+            ignore_index: None,
+        }
+    );
+}
+
+/// The layer's options are checked once, when the config becomes the layer, not on each call.
+#[test]
+#[should_panic(expected = "label_smoothing 1.5 must be in [0, 1]")]
+fn the_loss_config_is_checked_at_init() {
+    FusedLinearCrossEntropyLossConfig::new()
+        .with_label_smoothing(1.5)
+        .init();
 }

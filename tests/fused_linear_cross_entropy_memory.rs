@@ -101,8 +101,7 @@ fn counter_head_peak(fused: bool, device: &Device) -> u64 {
     let autodiff = device.clone().autodiff();
     let head = CounterLinearConfig::new(D, VOCAB)
         .with_bias(false)
-        .init(&autodiff)
-        .unwrap();
+        .init(&autodiff);
     let normal = Distribution::Normal(0.0, 1.0);
     let hidden = Tensor::<2>::random([TOKENS, D], normal, &autodiff).require_grad();
     let targets = Tensor::<1, Int>::random(

@@ -13,7 +13,7 @@ use burn::optim::{AdamWConfig, GradientsParams, LionConfig, ModuleOptimizer, Sgd
 use burn::prelude::*;
 use burn_memwall::memory::CountingAllocator;
 use burn_memwall::nn::Routed;
-use burn_memwall::optim::in_backward::train_step;
+use burn_memwall::optim::train_step;
 use burn_memwall::optim::{FusedAdamWConfig, FusedLionConfig, FusedSgdConfig, InBackward};
 use common::{assert_close, devices, parameters};
 

@@ -12,8 +12,8 @@ use burn::optim::{
 };
 use burn::prelude::*;
 use burn::tensor::module::linear;
-use burn_memwall::optim::in_backward::{param_value, train_step};
-use burn_memwall::optim::{InBackward, InBackwardError, StepCounts};
+use burn_memwall::nn::Routed;
+use burn_memwall::optim::{InBackward, InBackwardError, StepCounts, train_step};
 use common::{assert_close, devices, parameters};
 
 /// Two tanh layers whose output is projected back through the first layer's weight (a tied
@@ -43,15 +43,15 @@ impl TiedNet {
 
     /// `[batch, WIDTH] → [batch, WIDTH]`
     fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        let route = self.in_backward.as_ref();
+        let route = Routed::new(self.in_backward.as_ref());
         let layer = |layer: &Linear, x: Tensor<2>| {
-            let weight = param_value(route, &layer.weight, &x);
-            let bias = layer.bias.as_ref().map(|b| param_value(route, b, &x));
+            let weight = route.param(&layer.weight, &x);
+            let bias = layer.bias.as_ref().map(|b| route.param(b, &x));
             linear(x, weight, bias).tanh()
         };
         let h = layer(&self.first, x);
         let h = layer(&self.second, h);
-        let tied = param_value(route, &self.first.weight, &h);
+        let tied = route.param(&self.first.weight, &h);
         h.matmul(tied.transpose()) * self.scale.val().unsqueeze()
     }
 

@@ -6,7 +6,7 @@ use burn::prelude::*;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, PoolBreakdown};
 use burn_memwall_models::data::{DEFAULT_CORPUS, TextTokenizer};
 use burn_memwall_models::lm::LmConfig;
-use burn_memwall_models::training::{StepOptimizer, measure_steps};
+use burn_memwall_models::training::{StepOptimizer, measure_training_steps};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -59,7 +59,7 @@ fn a_baseline_step_holds_its_logits_and_scales_with_the_batch() {
     let windows: Vec<Vec<u32>> = tokens.chunks_exact(seq + 1).map(<[u32]>::to_vec).collect();
 
     let measure = |batch| {
-        measure_steps(
+        measure_training_steps(
             &config,
             StepOptimizer::AdamW,
             &windows,
@@ -112,7 +112,7 @@ fn the_reversible_model_saves_the_same_activations_at_any_depth() {
             .with_attention(AttentionKind::Flash)
             .with_loss(LossKind::Fused)
             .with_blocks(blocks);
-        measure_steps(
+        measure_training_steps(
             &config,
             StepOptimizer::AdamW,
             &windows,

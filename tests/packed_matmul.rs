@@ -7,7 +7,8 @@ mod common;
 
 use burn::prelude::*;
 use burn::tensor::DType;
-use burn_memwall::ops::packed_matmul::{BLOCK_WEIGHTS, PackedLayout, PackedWeight};
+use burn_memwall::codes::PackedLayout;
+use burn_memwall::ops::packed_matmul::{BLOCK_WEIGHTS, PackedWeight};
 use common::packed_weight::{HostWeight, layouts};
 use common::{assert_close, devices, host_tensor, rows_of};
 

@@ -13,7 +13,7 @@ use burn::tensor::FloatDType;
 use burn_memwall::memory::CountingAllocator;
 use burn_memwall::nn::{CouplingFunction, ReversibleError, ReversibleSequence};
 use burn_memwall::optim::InBackward;
-use burn_memwall::optim::in_backward::train_step;
+use burn_memwall::optim::train_step;
 use burn_memwall_models::lm::{AttentionKind, BlockKind, LmConfig, reversible_blocks};
 use common::{assert_close, devices, parameters};
 

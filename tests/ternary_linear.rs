@@ -7,8 +7,9 @@ use burn::module::Param;
 use burn::nn::LinearConfig;
 use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
+use burn_memwall::codes::ternary::words_per_row;
+use burn_memwall::nn::PackedTernary;
 use burn_memwall::nn::{TernaryLinear, TernaryLinearConfig};
-use burn_memwall::ops::ternary_code::{PackedTernary, ternary_words_per_row};
 use common::{assert_close, devices, flat, host_tensor, rows_of};
 
 fn matmul(a: &[Vec<f64>], b: &[Vec<f64>]) -> Vec<Vec<f64>> {
@@ -124,15 +125,8 @@ fn packs_two_bits_per_weight_and_infers_the_same() {
             );
         }
     }
-    assert_eq!(
-        packed.words().len(),
-        d_output * ternary_words_per_row(d_input)
-    );
-    assert_eq!(
-        ternary_words_per_row(64) * 4,
-        64 / 4,
-        "0.25 byte per weight"
-    );
+    assert_eq!(packed.words().len(), d_output * words_per_row(d_input));
+    assert_eq!(words_per_row(64) * 4, 64 / 4, "0.25 byte per weight");
     let saved = serde_json::to_string(&packed).unwrap();
     assert_eq!(
         serde_json::from_str::<PackedTernary>(&saved).unwrap(),

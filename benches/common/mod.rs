@@ -99,7 +99,7 @@ pub struct Measured {
 /// times, each timed until the device has finished every kernel. Fails when the device could
 /// not run the step: wgpu reports work it skipped (a buffer past the adapter's binding limit)
 /// only when a result is read back, so the last gradient is read and must be nonzero.
-pub fn measure_steps<const D: usize>(
+pub fn measure_op_step<const D: usize>(
     device: &Device,
     repeats: usize,
     mut step: impl FnMut() -> Tensor<D>,

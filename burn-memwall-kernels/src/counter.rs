@@ -1,60 +1,26 @@
-//! The counter synapse's kernels, mirroring `burn_memwall::ops::counter_code` operation for
-//! operation so that both give the same codes from the same gradient and seed.
-//!
-//! Codes: 6 bits each, 16 per 3 `u32` words, code `i` of a row at bits `6i .. 6i + 6` of the
-//! row's words (little end first); `(t, c) ↔ (t+1)(2C−1) + (c+C−1)`.
+//! The counter synapse's update kernel, mirroring `burn_memwall_codes::counter::update_row`
+//! operation for operation so that both give the same codes from the same gradient and seed.
+//! The code's format (its bits, its packing, `(t, c)`) and the rounding's hash are read through
+//! [`burn_memwall_codes::counter::cube`], the same home as the host's.
 //!
 //! [`counter_update_kernel`] runs the whole update of a block of rows in one pass, one cube of
 //! `lanes` units per row: the row's statistics (partial sums per unit, then a tree, in the
-//! order of the reference), then each unit ticks its own groups of 16 codes in place. The
+//! order of the reference), then each unit ticks its own groups of codes in place. The
 //! products with the weight are [`crate::packed_matmul`]'s.
 
+use burn_memwall_codes::counter::cube::{
+    code_at, counter, counter_states, encode, keyed_uniform, set_code, ternary_plus_one,
+};
+use burn_memwall_codes::counter::{CODES_PER_GROUP, SCALE_MAX, SCALE_MIN, TARGET_BOUND};
 use cubecl::prelude::*;
-
-/// `counter_code::TARGET_BOUND`: counter units beyond which a weight saturates anyway.
-const TARGET_BOUND: f32 = 1048576.0;
-
-/// Code `i` of the row whose words start at `base`.
-#[cube]
-pub(crate) fn code_at(codes: &Tensor<u32>, base: usize, i: u32) -> u32 {
-    let bit = i * 6;
-    let word = base + usize::cast_from(bit / 32);
-    let shift = bit % 32;
-    let mut bits = codes[word] >> shift;
-    if shift > 26 {
-        bits |= codes[word + 1] << (32 - shift);
-    }
-    bits & 63
-}
-
-/// Writes `code` as code `i` of the row whose words start at `base`.
-#[cube]
-fn set_code(codes: &mut Tensor<u32>, base: usize, i: u32, code: u32) {
-    let bit = i * 6;
-    let word = base + usize::cast_from(bit / 32);
-    let shift = bit % 32;
-    codes[word] = (codes[word] & !(63u32 << shift)) | (code << shift);
-    if shift > 26 {
-        let high = 32 - shift;
-        codes[word + 1] = (codes[word + 1] & !(63u32 >> high)) | (code >> high);
-    }
-}
-
-/// The PCG-RXS-M-XS hash of one LCG step.
-#[cube]
-fn pcg_hash(input: u32) -> u32 {
-    let state = input * 747_796_405u32 + 2_891_336_453u32;
-    let word = ((state >> ((state >> 28) + 4)) ^ state) * 277_803_737u32;
-    (word >> 22) ^ word
-}
 
 /// One update of the rows `row_start ..` of a block from their gradient `[rows, d_input]`:
 /// `v ← βv + (1−β)·mean g²`, `D = max(√(v / bias_correction), ε)`,
-/// `s' = clip(s − η_s Σ g·t / √d_input, 1e-5, 10)`, then per weight the tick
+/// `s' = clip(s − η_s Σ g·t / √d_input, SCALE_MIN, SCALE_MAX)`, then per weight the tick
 /// `Δ = −η (g/D)(C/s')` on the counter rebased to `s'`, stochastic rounding with
 /// `u = hash(element ^ key)` (`key` = the hash of the seed and step, from the host), and the
 /// carry into `t`, pinned at the wall. `cube_count = (rows, 1, 1)`, `cube_dim = (lanes, 1, 1)`
-/// with `lanes` a power of two (`counter_code::STATISTIC_LANES`, for the reference's order).
+/// with `lanes` a power of two (`counter::STATISTIC_LANES`, for the reference's order).
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
 pub fn counter_update_kernel(
@@ -79,12 +45,12 @@ pub fn counter_update_kernel(
     let row = usize::cast_from(row_start) + block_row;
     let base = row * usize::cast_from(words_per_row);
     let gradient_base = block_row * usize::cast_from(d_input);
-    let states = 2 * limit - 1;
+    let states = counter_states(limit);
     let limit_f = f32::cast_from(limit);
     let wall = limit - 1;
 
     // Each unit sums elements `unit, unit + units, …`; then a tree over the units (halving),
-    // in the order of `counter_code::row_step`.
+    // in the order of the reference's `row_step`.
     let units = CUBE_DIM_X;
     let mut squares = Shared::<[f32]>::new_slice(lanes);
     let mut aligns = Shared::<[f32]>::new_slice(lanes);
@@ -94,7 +60,7 @@ pub fn counter_update_kernel(
     while i < d_input {
         let g = gradient[gradient_base + usize::cast_from(i)];
         square_sum += g * g;
-        let ternary = f32::cast_from(code_at(&*codes, base, i) / states) - 1.0f32;
+        let ternary = f32::cast_from(ternary_plus_one(code_at(&*codes, base, i), states)) - 1.0f32;
         aligned += g * ternary;
         i += units;
     }
@@ -122,8 +88,8 @@ pub fn counter_update_kernel(
         let old = scale[row];
         let new = clamp(
             old - scale_learning_rate * aligns[0] / n_in.sqrt(),
-            1e-5f32,
-            10.0f32,
+            SCALE_MIN,
+            SCALE_MAX,
         );
         scale[row] = new;
         stats[0] = max((v / bias_correction).sqrt(), epsilon);
@@ -135,16 +101,18 @@ pub fn counter_update_kernel(
     let rebase = stats[1] / stats[2];
     let limit_i = i32::cast_from(limit);
 
-    // Each unit owns whole groups of 16 codes (3 words), so no two units write one word.
-    let groups = (d_input + 15) / 16;
+    // Each unit owns whole groups of codes, which fill whole words, so no two units write one
+    // word.
+    let per_group = CODES_PER_GROUP as u32;
+    let groups = (d_input + per_group - 1) / per_group;
     let mut group = unit;
     while group < groups {
-        for k in 0..16u32 {
-            let i = group * 16 + k;
+        for k in 0..per_group {
+            let i = group * per_group + k;
             if i < d_input {
                 let code = code_at(&*codes, base, i);
-                let t = i32::cast_from(code / states) - 1;
-                let c = i32::cast_from(code % states) - i32::cast_from(wall);
+                let t = i32::cast_from(ternary_plus_one(code, states)) - 1;
+                let c = counter(code, limit);
                 let g = gradient[gradient_base + usize::cast_from(i)];
                 let target = clamp(
                     f32::cast_from(c) * rebase + g * step_factor,
@@ -157,7 +125,7 @@ pub fn counter_update_kernel(
                     floor -= i32::new(1);
                 }
                 let element = u32::cast_from(row) * d_input + i;
-                let u = f32::cast_from(pcg_hash(element ^ key) >> 8) * (1.0f32 / 16777216.0f32);
+                let u = keyed_uniform(key, element);
                 let mut q = floor;
                 if u < target - f32::cast_from(floor) {
                     q += i32::new(1);
@@ -191,9 +159,7 @@ pub fn counter_update_kernel(
                 } else {
                     new_c = clamp(new_c, -wall_i, wall_i);
                 }
-                let new_code =
-                    u32::cast_from((new_t + 1) * i32::cast_from(states) + new_c + wall_i);
-                set_code(codes, base, i, new_code);
+                set_code(codes, base, i, encode(new_t, new_c, limit));
             }
         }
         group += CUBE_DIM_X;

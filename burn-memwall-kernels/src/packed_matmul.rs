@@ -4,8 +4,10 @@
 //!
 //! Two packings, both 16 weights per group (`comptime` `counter`):
 //! - ternary: `t + 1` in 2 bits, 16 per `u32` word;
-//! - counter synapse: 6-bit codes, 16 per 3 words, `t = code / (2C − 1) − 1` (see
-//!   [`crate::counter`]).
+//! - counter synapse: 6-bit codes, 16 per 3 words, `t = code / (2C − 1) − 1`.
+//!
+//! Both are read through their homes' `#[cube]` helpers (`burn_memwall_codes::{counter,
+//! ternary}::cube`).
 //!
 //! One kernel serves both products (`comptime` `transposed`); they differ only in which code
 //! fills which place of the weight tile:
@@ -17,7 +19,8 @@
 
 use cubecl::prelude::*;
 
-use crate::counter::code_at;
+use burn_memwall_codes::counter::cube::{code_at, counter_states, ternary_plus_one};
+use burn_memwall_codes::ternary::cube::ternary_plus_one_at;
 
 /// Units per side of a cube.
 pub const UNITS_PER_SIDE: usize = 16;
@@ -25,7 +28,7 @@ pub const UNITS_PER_SIDE: usize = 16;
 const COLUMNS_PER_UNIT: usize = 8;
 /// Output columns per cube.
 pub const TILE_COLUMNS: usize = UNITS_PER_SIDE * COLUMNS_PER_UNIT;
-/// The reduction's step: one group of 16 weights.
+/// The reduction's step: the depth of a tile, in weights.
 const STEP: usize = 16;
 const UNITS: usize = UNITS_PER_SIDE * UNITS_PER_SIDE;
 
@@ -37,14 +40,14 @@ fn weight_at(
     row: u32,
     i: u32,
     words_per_row: u32,
-    counter_states: u32,
+    counter_limit: u32,
     #[comptime] counter: bool,
 ) -> f32 {
     let base = usize::cast_from(row * words_per_row);
     let shifted = if counter {
-        code_at(codes, base, i) / counter_states
+        ternary_plus_one(code_at(codes, base, i), counter_states(counter_limit))
     } else {
-        (codes[base + usize::cast_from(i / 16)] >> ((i % 16) * 2)) & 3
+        ternary_plus_one_at(codes, base, i)
     };
     scale[usize::cast_from(row)] * (f32::cast_from(shifted) - 1.0f32)
 }
@@ -57,7 +60,7 @@ pub fn packed_decode_kernel(
     output: &mut Tensor<f32>,
     d_input: u32,
     words_per_row: u32,
-    counter_states: u32,
+    counter_limit: u32,
     #[comptime] counter: bool,
 ) {
     let index = ABSOLUTE_POS as usize;
@@ -71,7 +74,7 @@ pub fn packed_decode_kernel(
         u32::cast_from(index / width),
         u32::cast_from(index % width),
         words_per_row,
-        counter_states,
+        counter_limit,
         counter,
     );
 }
@@ -91,7 +94,7 @@ pub fn packed_matmul_kernel(
     d_input: u32,
     d_output: u32,
     words_per_row: u32,
-    counter_states: u32,
+    counter_limit: u32,
     #[comptime] rows_per_unit: usize,
     #[comptime] counter: bool,
     #[comptime] transposed: bool,
@@ -164,7 +167,7 @@ pub fn packed_matmul_kernel(
                             weight_row,
                             weight_input,
                             words_per_row,
-                            counter_states,
+                            counter_limit,
                             counter,
                         ),
                     );

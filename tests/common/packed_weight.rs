@@ -3,9 +3,9 @@
 
 use burn::prelude::*;
 use burn::tensor::DType;
-use burn_memwall::ops::counter_code::{CounterCode, set_code, words_per_row};
-use burn_memwall::ops::packed_matmul::{PackedLayout, PackedWeight};
-use burn_memwall::ops::ternary_code::PackedTernary;
+use burn_memwall::codes::PackedLayout;
+use burn_memwall::codes::counter::{CounterCode, set_code, words_per_row};
+use burn_memwall::nn::{PackedTernary, PackedWeight};
 
 /// A weight drawn on the host: ternaries, counters and per-row scales from a fixed LCG.
 pub struct HostWeight {

@@ -48,11 +48,9 @@ impl BlockLinear {
                     .with_bias(false)
                     .init_from_linear(linear),
             ),
-            LinearKind::Counter | LinearKind::CounterAll => Self::Counter(
-                counter_config(d_input, d_output)
-                    .init_from_linear(&linear)
-                    .expect("the default counter limit is valid"),
-            ),
+            LinearKind::Counter | LinearKind::CounterAll => {
+                Self::Counter(counter_config(d_input, d_output).init_from_linear(linear))
+            }
         }
     }
 

@@ -93,20 +93,17 @@ impl LmConfig {
                 .with_bias(false)
                 .init(device)
         });
-        let coded = self.linear == LinearKind::CounterAll;
         let config = counter_config(self.d_model, self.vocab_size);
-        let coded_embedding = coded
-            .then(|| CounterEmbedding::from_embedding(&embedding, &config))
-            .transpose()
-            .expect("the default counter limit is valid");
-        let coded_head = head
-            .as_ref()
-            .filter(|_| coded)
-            .map(|head| config.init_from_linear(head))
-            .transpose()
-            .expect("the default counter limit is valid");
+        let (embedding, coded_embedding, head, coded_head) =
+            if self.linear == LinearKind::CounterAll {
+                let coded_embedding = CounterEmbedding::from_embedding(embedding, &config);
+                let coded_head = head.map(|head| config.init_from_linear(head));
+                (None, Some(coded_embedding), None, coded_head)
+            } else {
+                (Some(embedding), None, head, None)
+            };
         Ok(LanguageModel {
-            embedding: (!coded).then_some(embedding),
+            embedding,
             coded_embedding,
             blocks: match self.blocks {
                 BlockKind::Standard => (0..self.n_layers)
@@ -119,7 +116,7 @@ impl LmConfig {
             norm: RmsNormConfig::new(self.d_model)
                 .with_epsilon(self.norm_eps)
                 .init(device),
-            head: head.filter(|_| !coded),
+            head,
             coded_head,
             rope: RotaryEncodingConfig::new(self.max_seq_len, self.d_head())
                 .with_theta(self.rope_theta)

@@ -6,7 +6,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::ModuleOptimizer;
 use burn::prelude::*;
 use burn_memwall::memory::{MemoryMeter, PoolBreakdown};
-use burn_memwall::optim::in_backward::train_step;
+use burn_memwall::optim::train_step;
 
 use crate::Error;
 use crate::data::LmBatcher;
@@ -41,7 +41,7 @@ pub struct StepMeasurement {
 /// The peak counts everything allocated after the call starts; on Cube devices pool peaks cannot
 /// be reset, so run one measurement per process there.
 #[allow(clippy::too_many_arguments)]
-pub fn measure_steps(
+pub fn measure_training_steps(
     config: &LmConfig,
     optimizer: StepOptimizer,
     windows: &[Vec<u32>],

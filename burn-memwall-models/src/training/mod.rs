@@ -24,7 +24,7 @@ use burn_memwall::optim::{InBackwardTraining, StepMemory};
 
 pub use curve::LossCurve;
 pub use loader::EpochLoader;
-pub use measure::{StepMeasurement, measure_steps};
+pub use measure::{StepMeasurement, measure_training_steps};
 pub use optimizer::StepOptimizer;
 pub use progress::{EpochRecord, ProgressLog, ProgressRenderer};
 pub use stack::{Stack, Switches};

@@ -17,6 +17,7 @@ pub struct MemoryMeter {
 }
 
 impl MemoryMeter {
+    /// A meter of `device`'s memory (the counting allocator on Flex, the pools on Cube).
     pub fn new(device: &Device) -> Self {
         Self {
             device: device.clone(),

@@ -40,22 +40,43 @@ pub(super) fn counter_cross_entropy(
     options: &FusedCrossEntropyOptions,
     in_backward: Option<&InBackward>,
 ) -> Result<Tensor<1>, FusedCrossEntropyError> {
-    let fail = |message: String| Err(FusedCrossEntropyError(message));
-    if options.label_smoothing != 0.0 || options.z_loss != 0.0 || options.softcap.is_some() {
-        return fail("a counter head takes no label smoothing, z-loss or soft-capping".into());
+    let refuse = |option| {
+        Err(FusedCrossEntropyError::Unsupported {
+            head: "a counter head",
+            option,
+        })
+    };
+    if options.label_smoothing != 0.0 {
+        return refuse("label smoothing");
+    }
+    if options.z_loss != 0.0 {
+        return refuse("z-loss");
+    }
+    if options.softcap.is_some() {
+        return refuse("soft-capping");
     }
     if options.reduction == Reduction::None {
-        return fail("a counter head's loss is reduced (Mean or Sum)".into());
+        return refuse("per-token losses (Reduction::None): its loss is reduced, Mean or Sum");
     }
     let weight = head.packed();
     let ([tokens, d], vocab) = (hidden.dims(), weight.d_output());
-    if d != weight.d_input || targets.dims() != [tokens] || tokens == 0 {
-        return fail(format!(
-            "hidden {:?} must be [tokens ≥ 1, d = {}] with targets [tokens] (got {:?})",
-            hidden.dims(),
-            weight.d_input,
-            targets.dims()
-        ));
+    if d != weight.d_input {
+        return Err(FusedCrossEntropyError::Width {
+            hidden: hidden.dims().to_vec(),
+            weight: vec![vocab, weight.d_input],
+        });
+    }
+    if targets.dims() != [tokens] {
+        return Err(FusedCrossEntropyError::Targets {
+            targets: targets.dims().to_vec(),
+            hidden: hidden.dims().to_vec(),
+        });
+    }
+    if tokens == 0 {
+        return Err(FusedCrossEntropyError::Empty {
+            hidden: hidden.dims().to_vec(),
+            weight: vec![vocab, weight.d_input],
+        });
     }
     let (rows, kept_targets) = kept_rows(&targets, vocab, options.ignore_index)?;
     let kept = rows.len();

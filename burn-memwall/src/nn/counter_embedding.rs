@@ -16,7 +16,6 @@ use burn::prelude::*;
 use burn::tensor::{FloatDType, IndexingUpdateOp};
 
 use super::{CounterLinearConfig, CounterWeights};
-use crate::ops::counter_code::CounterCodeError;
 use crate::ops::handwritten_backward::{BackwardContext, HandwrittenBackward, attach_backward};
 use crate::ops::packed_matmul::row_blocks;
 use crate::optim::InBackward;
@@ -35,20 +34,18 @@ impl CounterEmbedding {
     /// settings (limit, learning rates, `β`, `ε`, seed).
     ///
     /// # Panics
-    /// If `config`'s shape is not the table's, or it asks for a bias.
-    pub fn from_embedding(
-        embedding: &Embedding,
-        config: &CounterLinearConfig,
-    ) -> Result<Self, CounterCodeError> {
+    /// If `config`'s shape is not the table's, it asks for a bias, or its counter limit is out
+    /// of range.
+    pub fn from_embedding(embedding: Embedding, config: &CounterLinearConfig) -> Self {
         let [n_embedding, d_model] = embedding.weight.dims();
         assert!(
             (config.d_input, config.d_output, config.bias) == (d_model, n_embedding, false),
             "CounterEmbedding: the config must be CounterLinearConfig::new({d_model}, \
              {n_embedding}).with_bias(false) for a [{n_embedding}, {d_model}] table"
         );
-        Ok(Self {
-            weights: config.weights_from_rows(embedding.weight.val())?,
-        })
+        Self {
+            weights: config.weights_from_rows(embedding.weight.val()),
+        }
     }
 
     /// `[batch, seq]` ids → `[batch, seq, d_model]`; under autodiff, the backward pass updates

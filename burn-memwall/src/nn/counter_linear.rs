@@ -1,10 +1,10 @@
 //! [`CounterLinear`]: a linear layer whose weights are finite-state counter synapses, with the
 //! optimizer inside the weight code. Each weight is a visible ternary and a residual counter in
-//! 6 bits ([`crate::ops::counter_code`]); each output row has a scale and the mean square of its
+//! 6 bits; each output row has a scale and the mean square of its
 //! gradient. The layer holds no `Param` for its weights and no optimizer state: it updates itself
 //! in its own backward pass from its exact weight gradient, which is formed a block of rows at a
 //! time and dropped at once. In expectation the update is RMS-normalised SGD on the latent weight
-//! `(t + c/C)·s`.
+//! `(t + c/C)·s` ([`burn_memwall_codes::counter`] holds the code and the rule).
 //!
 //! The forward pass is `x · (s·t)ᵀ (+ bias)`; the counter is invisible to it. It and the input
 //! gradient are [`crate::ops::packed_matmul`]'s products, which never form the dense weight. The bias, if any,
@@ -25,24 +25,28 @@ use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType, IntDType};
 
-use super::Routed;
-use crate::ops::counter_code::{CounterCode, CounterCodeError, CounterHyper, SCALE_RANGE};
-use crate::ops::counter_code::{row_codes, set_code, words_per_row};
+use burn_memwall_codes::counter::{
+    CounterCode, CounterHyper, encode_row, row_codes, words_per_row,
+};
+
 use crate::ops::counter_linear::{CounterTensors, HostWeights};
 use crate::ops::handwritten_backward::{BackwardContext, HandwrittenBackward, attach_backward};
-use crate::ops::packed_matmul::PackedWeight;
-use crate::ops::ternary_code::PackedTernary;
+use crate::ops::packed_matmul::{PackedTernary, PackedWeight};
 use crate::optim::InBackward;
+use crate::optim::param_value;
 
 /// Configuration of a [`CounterLinear`].
 #[derive(Config, Debug)]
 pub struct CounterLinearConfig {
+    /// Input features.
     pub d_input: usize,
+    /// Output features.
     pub d_output: usize,
     /// An ordinary bias parameter, as `burn::nn::Linear` has by default.
     #[config(default = true)]
     pub bias: bool,
-    /// `C`: counter units per unit of the ternary, 2..=11 (11 fills the 6-bit code).
+    /// `C`: counter units per unit of the ternary, `2..=MAX_COUNTER_LIMIT` (11, which fills
+    /// the 6-bit code).
     #[config(default = 11)]
     pub counter_limit: i32,
     /// `η` when the backward pass runs outside an [`InBackward`] step; inside one, `η` is the
@@ -65,36 +69,44 @@ pub struct CounterLinearConfig {
 
 impl CounterLinearConfig {
     /// A layer initialised as `burn::nn::Linear` initialises its weights, then converted.
-    pub fn init(&self, device: &Device) -> Result<CounterLinear, CounterCodeError> {
+    ///
+    /// # Panics
+    /// If `counter_limit` is outside `2..=MAX_COUNTER_LIMIT`.
+    pub fn init(&self, device: &Device) -> CounterLinear {
         let linear = LinearConfig::new(self.d_input, self.d_output)
             .with_bias(self.bias)
             .init(device);
-        self.init_from_linear(&linear)
+        self.init_from_linear(linear)
     }
 
-    /// A layer holding `linear`'s weights as codes (see [`Self::weights_from_rows`]); the bias
-    /// is copied.
-    pub fn init_from_linear(&self, linear: &Linear) -> Result<CounterLinear, CounterCodeError> {
+    /// `linear` converted: its weights as codes (see [`Self::weights_from_rows`]), its bias
+    /// kept as the layer's bias parameter.
+    ///
+    /// # Panics
+    /// If `linear`'s shape is not the config's, or `counter_limit` is outside
+    /// `2..=MAX_COUNTER_LIMIT`.
+    pub fn init_from_linear(&self, linear: Linear) -> CounterLinear {
         let weight = linear.weight.val();
         let [d_input, d_output] = weight.dims();
         assert_eq!(
             (d_input, d_output),
             (self.d_input, self.d_output),
-            "the linear's shape differs from the config's"
+            "CounterLinearConfig: the linear's shape [d_input, d_output] differs from the config's"
         );
-        Ok(CounterLinear {
-            weights: self.weights_from_rows(weight.transpose())?,
-            bias: linear.bias.clone(),
-        })
+        CounterLinear {
+            weights: self.weights_from_rows(weight.transpose()),
+            bias: linear.bias,
+        }
     }
 
-    /// `rows` (`[d_output, d_input]`, the config's shape) as codes: per row, the scale is the
-    /// mean absolute weight and each weight's `(t, c)` the nearest `t + c/C` to `w / s`.
-    pub(crate) fn weights_from_rows(
-        &self,
-        rows: Tensor<2>,
-    ) -> Result<CounterWeights, CounterCodeError> {
-        let code = CounterCode::new(self.counter_limit)?;
+    /// `rows` (`[d_output, d_input]`, the config's shape) as codes, each row by
+    /// [`encode_row`].
+    ///
+    /// # Panics
+    /// If `counter_limit` is outside `2..=MAX_COUNTER_LIMIT`.
+    pub(crate) fn weights_from_rows(&self, rows: Tensor<2>) -> CounterWeights {
+        let code = CounterCode::new(self.counter_limit)
+            .unwrap_or_else(|error| panic!("CounterLinearConfig: {error}"));
         let [d_output, d_input] = rows.dims();
         let device = rows.device();
         let rows = rows
@@ -104,15 +116,12 @@ impl CounterLinearConfig {
         let width = words_per_row(d_input);
         let mut words = vec![0u32; d_output * width];
         let mut scale = vec![0f32; d_output];
-        for (row, weights) in rows.chunks(d_input).enumerate() {
-            let mean_abs = weights.iter().map(|w| w.abs()).sum::<f32>() / d_input as f32;
-            let s = mean_abs.clamp(SCALE_RANGE.0, SCALE_RANGE.1);
-            scale[row] = s;
-            let packed = &mut words[row * width..(row + 1) * width];
-            for (i, w) in weights.iter().enumerate() {
-                let (t, c) = code.nearest(w / s);
-                set_code(packed, i, code.encode(t, c));
-            }
+        for ((weights, words), scale) in rows
+            .chunks(d_input)
+            .zip(words.chunks_mut(width))
+            .zip(&mut scale)
+        {
+            *scale = encode_row(code, weights, words);
         }
         let host = HostWeights {
             code,
@@ -121,7 +130,7 @@ impl CounterLinearConfig {
             scale,
             mean_square: vec![0.0; d_output],
         };
-        Ok(CounterWeights::new(host, self.hyper(), &device))
+        CounterWeights::new(host, self.hyper(), &device)
     }
 
     fn hyper(&self) -> CounterHyper {
@@ -139,17 +148,32 @@ impl CounterLinearConfig {
 /// themselves in backward. See the [module docs](self).
 #[derive(Module, Debug)]
 pub struct CounterLinear {
+    /// The self-updating weights `[d_output, d_input]`.
     pub weights: CounterWeights,
     /// `[d_output]`.
     pub bias: Option<Param<Tensor<1>>>,
 }
 
 impl CounterLinear {
-    /// `[..., d_input]` → `[..., d_output]`. In a model trained by
-    /// [`InBackward`], use [`crate::nn::Routed::counter_linear`] instead: the update then takes
-    /// the step's learning rate, so it follows the schedule.
+    /// `[..., d_input]` → `[..., d_output]`. In a model trained by [`InBackward`], use
+    /// [`Self::forward_routed`] instead: the update then takes the step's learning rate, so it
+    /// follows the schedule.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        Routed::new(None).counter_linear(self, x)
+        self.forward_routed(x, None)
+    }
+
+    /// `[..., d_input]` → `[..., d_output]`: the weights update themselves in backward at the
+    /// learning rate of `in_backward`'s running step, and the bias is routed through it.
+    pub fn forward_routed<const D: usize>(
+        &self,
+        x: Tensor<D>,
+        in_backward: Option<&InBackward>,
+    ) -> Tensor<D> {
+        let y = self.weights.forward(x.clone(), in_backward);
+        match &self.bias {
+            Some(bias) => y + param_value(in_backward, bias, &x).unsqueeze(),
+            None => y,
+        }
     }
 
     /// The inference weights `s·t` packed 2 bits per weight: the ternaries and the row scales,
@@ -200,7 +224,16 @@ pub struct CounterWeights {
 struct CounterState {
     tensors: CounterTensors,
     step: u64,
-    ids: [ParamId; 4],
+    ids: FieldIds,
+}
+
+/// The ids under which a record holds each field of [`CounterWeights`].
+#[derive(Clone, Copy, Debug)]
+struct FieldIds {
+    codes: ParamId,
+    scale: ParamId,
+    mean_square: ParamId,
+    step: ParamId,
 }
 
 impl CounterWeights {
@@ -208,12 +241,12 @@ impl CounterWeights {
         let state = CounterState {
             tensors: CounterTensors::from_host(host, device),
             step: 0,
-            ids: [
-                ParamId::new(),
-                ParamId::new(),
-                ParamId::new(),
-                ParamId::new(),
-            ],
+            ids: FieldIds {
+                codes: ParamId::new(),
+                scale: ParamId::new(),
+                mean_square: ParamId::new(),
+                step: ParamId::new(),
+            },
         };
         Self {
             d_input: state.tensors.d_input,
@@ -247,7 +280,7 @@ impl CounterWeights {
     ) -> R {
         let mut state = self.lock();
         let learning_rate =
-            in_backward.and_then(|in_backward| in_backward.learning_rate(state.ids[0]));
+            in_backward.and_then(|in_backward| in_backward.learning_rate(state.ids.codes));
         let hyper = CounterHyper {
             learning_rate: learning_rate.map_or(self.hyper.learning_rate, |lr| lr as f32),
             ..self.hyper
@@ -341,56 +374,78 @@ impl HandwrittenBackward for CounterBackward {
     }
 }
 
-const NAMES: [&str; 4] = ["codes", "scale", "mean_square", "step"];
 const CONTAINER: &str = "CounterWeights";
 
+/// Visits one field of [`CounterWeights`] under its name.
+fn visit_field<V: ModuleVisitor>(visitor: &mut V, name: &str, visit: impl FnOnce(&mut V)) {
+    visitor.enter_module(name, CONTAINER);
+    visit(visitor);
+    visitor.exit_module(name, CONTAINER);
+}
+
+/// Maps one field of [`CounterWeights`] under its name.
+fn map_field<M: ModuleMapper, T>(mapper: &mut M, name: &str, map: impl FnOnce(&mut M) -> T) -> T {
+    mapper.enter_module(name, CONTAINER);
+    let mapped = map(mapper);
+    mapper.exit_module(name, CONTAINER);
+    mapped
+}
+
+/// Written by hand, not derived: every clone shares one state behind an `Arc<Mutex<_>>` (so
+/// that the model a training loop holds sees each backward's update), which `#[derive(Module)]`
+/// cannot walk.
 impl Module for CounterWeights {
     fn visit<V: ModuleVisitor>(&self, visitor: &mut V) {
         let state = self.lock();
-        let step = step_tensor(state.step, &state.tensors.codes.device());
-        visitor.enter_module(NAMES[0], CONTAINER);
-        visitor.visit_int(&Param::initialized(
-            state.ids[0],
-            state.tensors.codes.clone(),
-        ));
-        visitor.exit_module(NAMES[0], CONTAINER);
-        for (k, tensor) in [(1, &state.tensors.scale), (2, &state.tensors.mean_square)] {
-            visitor.enter_module(NAMES[k], CONTAINER);
-            visitor.visit_float(&Param::initialized(state.ids[k], tensor.clone()));
-            visitor.exit_module(NAMES[k], CONTAINER);
-        }
-        visitor.enter_module(NAMES[3], CONTAINER);
-        visitor.visit_int(&Param::initialized(state.ids[3], step));
-        visitor.exit_module(NAMES[3], CONTAINER);
+        let (ids, tensors) = (state.ids, &state.tensors);
+        let step = step_tensor(state.step, &tensors.codes.device());
+        visit_field(visitor, "codes", |v| {
+            v.visit_int(&Param::initialized(ids.codes, tensors.codes.clone()))
+        });
+        visit_field(visitor, "scale", |v| {
+            v.visit_float(&Param::initialized(ids.scale, tensors.scale.clone()))
+        });
+        visit_field(visitor, "mean_square", |v| {
+            v.visit_float(&Param::initialized(
+                ids.mean_square,
+                tensors.mean_square.clone(),
+            ))
+        });
+        visit_field(visitor, "step", |v| {
+            v.visit_int(&Param::initialized(ids.step, step))
+        });
     }
 
     fn map<M: ModuleMapper>(self, mapper: &mut M) -> Self {
         {
             let mut state = self.lock();
             let ids = state.ids;
-            mapper.enter_module(NAMES[0], CONTAINER);
-            let codes = mapper.map_int(Param::initialized(ids[0], state.tensors.codes.clone()));
-            mapper.exit_module(NAMES[0], CONTAINER);
+            let tensors = state.tensors.clone();
+            let codes = map_field(mapper, "codes", |m| {
+                m.map_int(Param::initialized(ids.codes, tensors.codes))
+            });
             // A record may hold the code in another integer type; the bits are what count.
-            state.tensors.codes = codes.val().cast(IntDType::U32);
-            let mut floats = [
-                state.tensors.scale.clone(),
-                state.tensors.mean_square.clone(),
-            ];
-            for (k, tensor) in floats.iter_mut().enumerate() {
-                mapper.enter_module(NAMES[k + 1], CONTAINER);
-                let mapped = mapper.map_float(Param::initialized(ids[k + 1], tensor.clone()));
-                mapper.exit_module(NAMES[k + 1], CONTAINER);
-                // Buffers, not optimizer targets: never tracked.
-                *tensor = mapped.val().set_require_grad(false);
-            }
-            [state.tensors.scale, state.tensors.mean_square] = floats;
-            mapper.enter_module(NAMES[3], CONTAINER);
-            let step = step_tensor(state.step, &state.tensors.codes.device());
-            let step = mapper.map_int(Param::initialized(ids[3], step));
-            mapper.exit_module(NAMES[3], CONTAINER);
+            let codes = codes.val().cast(IntDType::U32);
+            // Buffers, not optimizer targets: never tracked.
+            let buffer = |param: Param<Tensor<1>>| param.val().set_require_grad(false);
+            let scale = map_field(mapper, "scale", |m| {
+                buffer(m.map_float(Param::initialized(ids.scale, tensors.scale)))
+            });
+            let mean_square = map_field(mapper, "mean_square", |m| {
+                buffer(m.map_float(Param::initialized(ids.mean_square, tensors.mean_square)))
+            });
+            let step = step_tensor(state.step, &codes.device());
+            let step = map_field(mapper, "step", |m| {
+                m.map_int(Param::initialized(ids.step, step))
+            });
             state.step = step.val().into_scalar::<i64>() as u64;
-            state.tensors = state.tensors.clone().without_autodiff();
+            state.tensors = CounterTensors {
+                codes,
+                scale,
+                mean_square,
+                ..tensors
+            }
+            .without_autodiff();
         }
         self
     }

@@ -9,8 +9,7 @@ use burn::prelude::*;
 use super::CounterWeights;
 use super::counter_cross_entropy::counter_cross_entropy;
 use crate::ops::fused_linear_cross_entropy::{
-    FusedCrossEntropyError, FusedCrossEntropyOptions, GradientPass, Reduction,
-    try_fused_linear_cross_entropy,
+    FusedCrossEntropyError, FusedCrossEntropyOptions, GradientPass, Reduction, RowLoss, fused_loss,
 };
 use crate::optim::InBackward;
 
@@ -40,18 +39,24 @@ pub struct FusedLinearCrossEntropyLossConfig {
 }
 
 impl FusedLinearCrossEntropyLossConfig {
+    /// The loss, its options checked once here.
+    ///
+    /// # Panics
+    /// With the [`FusedCrossEntropyError`]'s message when an option is out of its range
+    /// (label smoothing outside `[0, 1]`, a negative or non-finite z-loss, a soft-cap that is
+    /// not finite and positive, a chunk of 0 tokens).
     pub fn init(&self) -> FusedLinearCrossEntropyLoss {
-        FusedLinearCrossEntropyLoss {
-            options: FusedCrossEntropyOptions {
-                ignore_index: self.ignore_index,
-                reduction: self.reduction,
-                label_smoothing: self.label_smoothing,
-                z_loss: self.z_loss,
-                softcap: self.softcap,
-                chunk_size: self.chunk_size,
-                gradients: self.gradients,
-            },
-        }
+        let options = FusedCrossEntropyOptions {
+            ignore_index: self.ignore_index,
+            reduction: self.reduction,
+            label_smoothing: self.label_smoothing,
+            z_loss: self.z_loss,
+            softcap: self.softcap,
+            chunk_size: self.chunk_size,
+            gradients: self.gradients,
+        };
+        let row_loss = options.row_loss().unwrap_or_else(|error| panic!("{error}"));
+        FusedLinearCrossEntropyLoss { options, row_loss }
     }
 }
 
@@ -62,18 +67,28 @@ impl FusedLinearCrossEntropyLossConfig {
 ///
 /// Hidden states are `[..., d_model]` with targets `[...]` (for example `[batch, seq, d_model]`
 /// and `[batch, seq]`); the loss is `[1]`, or one per token (flattened) for `Reduction::None`.
-/// Reads the targets back once per call to check them (see [`try_fused_linear_cross_entropy`]).
+/// Reads the targets back once per call to check them (see
+/// [`crate::ops::fused_linear_cross_entropy::try_fused_linear_cross_entropy`]).
 #[derive(Module, Debug)]
 pub struct FusedLinearCrossEntropyLoss {
     #[module(skip)]
     options: FusedCrossEntropyOptions,
+    /// The options' loss terms, checked by the config's `init`.
+    #[module(skip)]
+    row_loss: RowLoss,
 }
 
 impl FusedLinearCrossEntropyLoss {
     /// The loss of `head.forward(hidden)` (a `Linear` `[d_model] → [vocab]`, bias included).
     ///
-    /// Panics, naming what is wrong, on shapes that do not fit or targets outside the
-    /// vocabulary; [`Self::try_forward`] returns the error instead.
+    /// # Shapes
+    /// - `hidden`: `[..., d_model]`
+    /// - `targets`: `[...]`, each in `0..vocab` or the config's `ignore_index`
+    /// - output: `[1]`, or one loss per token (flattened) for `Reduction::None`
+    ///
+    /// # Panics
+    /// With the [`FusedCrossEntropyError`]'s message on shapes that do not fit or targets
+    /// outside the vocabulary; [`Self::try_forward`] returns the error instead.
     pub fn forward<const D: usize, const T: usize>(
         &self,
         hidden: Tensor<D>,
@@ -84,7 +99,8 @@ impl FusedLinearCrossEntropyLoss {
             .unwrap_or_else(|error| panic!("{error}"))
     }
 
-    /// [`Self::forward`], returning bad input as an error.
+    /// [`Self::forward`], returning bad input as an error: a caller that reads targets from
+    /// data it does not control can skip the batch instead of stopping.
     pub fn try_forward<const D: usize, const T: usize>(
         &self,
         hidden: Tensor<D>,
@@ -99,6 +115,9 @@ impl FusedLinearCrossEntropyLoss {
 
     /// The loss of logits `hidden · embeddingᵀ`: an LM head tied to the token embedding.
     /// Its gradient adds to the embedding lookup's.
+    ///
+    /// # Panics
+    /// As [`Self::forward`].
     pub fn forward_tied<const D: usize, const T: usize>(
         &self,
         hidden: Tensor<D>,
@@ -141,7 +160,7 @@ impl FusedLinearCrossEntropyLoss {
         targets: Tensor<T, Int>,
     ) -> Result<Tensor<1>, FusedCrossEntropyError> {
         let (hidden, targets) = flat_tokens(hidden, targets)?;
-        try_fused_linear_cross_entropy(hidden, weight, bias, targets, self.options)
+        fused_loss(hidden, weight, bias, targets, &self.options, self.row_loss)
     }
 }
 
@@ -152,9 +171,10 @@ fn flat_tokens<const D: usize, const T: usize>(
 ) -> Result<(Tensor<2>, Tensor<1, Int>), FusedCrossEntropyError> {
     let (hidden_dims, target_dims) = (hidden.dims(), targets.dims());
     if D < 2 || hidden_dims[..D - 1] != target_dims[..] {
-        return Err(FusedCrossEntropyError(format!(
-            "hidden {hidden_dims:?} must be targets {target_dims:?} followed by d_model"
-        )));
+        return Err(FusedCrossEntropyError::Targets {
+            targets: target_dims.to_vec(),
+            hidden: hidden_dims.to_vec(),
+        });
     }
     Ok((hidden.flatten(0, D - 2), targets.flatten(0, T - 1)))
 }

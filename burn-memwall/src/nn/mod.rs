@@ -3,16 +3,17 @@
 //!
 //! - [`CounterLinear`]: a linear of 6-bit counter synapses that updates itself in its own
 //!   backward (no weight parameter, no optimizer state), on [`crate::ops::counter_linear`];
-//!   [`CounterEmbedding`], a token table of the same codes;
+//!   [`CounterEmbedding`], a token table of the same codes; [`HostWeights`], their state read
+//!   back on the host;
 //! - [`TernaryLinear`]: BitNet b1.58 quantisation-aware training of a linear, exported packed in
-//!   2 bits per weight;
+//!   2 bits per weight ([`PackedTernary`], multiplied on a device as a [`PackedWeight`]);
 //! - [`FlashMultiHeadAttention`]: Burn's multi-head attention on [`crate::ops::flash_attention`];
 //! - [`FusedLinearCrossEntropyLoss`]: an LM head's `Linear` + `CrossEntropyLoss` on
 //!   [`crate::ops::fused_linear_cross_entropy`];
 //! - [`Routed`]: `burn::nn`'s linear, embedding and RMSNorm with their parameters updated during
 //!   backward by [`crate::optim::InBackward`];
 //! - [`ReversibleSequence`]: additive coupling blocks whose activation memory does not grow with
-//!   depth, on [`crate::ops::handwritten_backward`].
+//!   depth, one node of the graph with a handwritten backward.
 
 mod counter_cross_entropy;
 mod counter_embedding;
@@ -23,6 +24,9 @@ mod reversible;
 mod routed;
 mod ternary_linear;
 
+pub use crate::ops::counter_linear::HostWeights;
+pub use crate::ops::fused_linear_cross_entropy::{GradientPass, Reduction};
+pub use crate::ops::packed_matmul::{PackedTernary, PackedWeight};
 pub use counter_embedding::CounterEmbedding;
 pub use counter_linear::{CounterLinear, CounterLinearConfig, CounterWeights};
 pub use flash_mha::{FlashMhaError, FlashMhaInput, FlashMultiHeadAttention};

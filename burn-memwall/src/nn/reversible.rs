@@ -4,7 +4,7 @@
 //! Each block splits its input into halves and computes `y₁ = x₁ + F(x₂)`, `y₂ = x₂ + G(y₁)`.
 //! That is invertible, `x₂ = y₂ − G(y₁)`, `x₁ = y₁ − F(x₂)`, so the backward pass rebuilds each
 //! block's input from its output instead of keeping it: the whole stack is one node of the
-//! graph that keeps only its output ([`crate::ops::handwritten_backward`]). Walking back, each block
+//! graph that keeps only its output, with a handwritten backward. Walking back, each block
 //! evaluates `G` and `F` once more on fresh leaves, which gives both the inverse and the
 //! gradients: one extra forward pass in all, and the activations of one block at a time.
 
@@ -18,29 +18,34 @@ use burn::prelude::*;
 use burn::tensor::Gradients;
 
 use crate::ops::handwritten_backward::{BackwardContext, HandwrittenBackward, attach_backward};
+use crate::optim::ExternalUse;
 use crate::optim::InBackward;
-use crate::optim::in_backward::ExternalUse;
 
 /// A function of a coupling: `[..., d_half]` → `[..., d_half]`. It must be deterministic: the
 /// backward pass evaluates it again and must get the same values.
 pub trait CouplingFunction<const D: usize>: Module + ModuleDisplay + Sync + 'static {
+    /// `[..., d]` → `[..., d]`: the same output for the same input, every time.
     fn forward(&self, x: Tensor<D>) -> Tensor<D>;
 }
 
 /// Why a reversible stack cannot run.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ReversibleError {
+    /// The last dimension, which does not split into two halves.
     #[error(
         "the last dimension ({0}) must split into two equal halves for the coupling's two streams"
     )]
     OddWidth(usize),
+    /// A coupling function that is not deterministic.
     #[error(
         "block {block}'s {function} gave different outputs for the same input: the backward pass \
          rebuilds inputs by evaluating it again, so it must be deterministic (no dropout or other \
          randomness in training mode)"
     )]
     NotDeterministic {
+        /// The block, counted from 0.
         block: usize,
+        /// `"F"` or `"G"`.
         function: &'static str,
     },
 }
@@ -48,7 +53,9 @@ pub enum ReversibleError {
 /// `blocks` additive couplings `(F, G)`, applied in order. See the [module docs](self).
 #[derive(Module, Debug)]
 pub struct ReversibleSequence<F: Module, G: Module> {
+    /// Each block's `F`, in `y₁ = x₁ + F(x₂)`.
     pub f: Vec<F>,
+    /// Each block's `G`, in `y₂ = x₂ + G(y₁)`.
     pub g: Vec<G>,
     /// Every how many blocks an input is kept, so that rebuilding restarts from exact values
     /// (0: only the output is kept).
@@ -92,10 +99,12 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
         self
     }
 
+    /// The number of blocks.
     pub fn len(&self) -> usize {
         self.f.len()
     }
 
+    /// Whether there is no block.
     pub fn is_empty(&self) -> bool {
         self.f.is_empty()
     }

@@ -8,9 +8,8 @@ use burn::prelude::*;
 use burn::tensor::DType;
 use burn::tensor::module::{embedding, linear};
 
-use super::{CounterEmbedding, CounterLinear, TernaryLinear, ternary_linear};
-use crate::optim::InBackward;
-use crate::optim::in_backward::param_value;
+use super::{CounterEmbedding, CounterLinear, TernaryLinear};
+use crate::optim::{InBackward, param_value};
 
 /// The forward passes of `burn::nn` layers, with each parameter anchored on the layer's input.
 /// With no [`InBackward`] they are exactly the layers' own `forward`.
@@ -20,11 +19,22 @@ pub struct Routed<'a> {
 }
 
 impl<'a> Routed<'a> {
+    /// Routes through `in_backward`; with `None`, every read is `param.val()`.
     pub fn new(in_backward: Option<&'a InBackward>) -> Self {
         Self { in_backward }
     }
 
-    /// `param`'s value for a layer whose input is `anchor` (see [`InBackward::param`]).
+    /// `param`'s value for a forward pass, routed so that its update runs in the backward pass,
+    /// right after the backward step of the layer whose input is `anchor`.
+    ///
+    /// With no [`InBackward`], outside training (the anchor does not track gradients) or for a
+    /// frozen parameter this is `param.val()`. A first layer with no float input anchors on the
+    /// parameter itself.
+    ///
+    /// Each routed read counts a use that the parameter's update waits for. A forward pass
+    /// under autodiff that is dropped without a backward pass leaves its uses counted until the
+    /// next [`InBackward::step`] ends, which then updates those parameters after backward
+    /// instead of during it: evaluate on `model.valid()` (no autodiff) instead.
     pub fn param<const D: usize, const A: usize>(
         &self,
         param: &Param<Tensor<D>>,
@@ -42,19 +52,13 @@ impl<'a> Routed<'a> {
 
     /// `layer.forward(x)` with the latent weight (and bias) routed.
     pub fn ternary_linear<const D: usize>(&self, layer: &TernaryLinear, x: Tensor<D>) -> Tensor<D> {
-        let weight = self.param(&layer.weight, &x);
-        let bias = layer.bias.as_ref().map(|bias| self.param(bias, &x));
-        ternary_linear(x, weight, bias, layer.quantize_activations)
+        layer.forward_routed(x, self.in_backward)
     }
 
     /// `layer.forward(x)`: the weights update themselves in backward at the step's learning
     /// rate; the bias is routed.
     pub fn counter_linear<const D: usize>(&self, layer: &CounterLinear, x: Tensor<D>) -> Tensor<D> {
-        let y = layer.weights.forward(x.clone(), self.in_backward);
-        match &layer.bias {
-            Some(bias) => y + self.param(bias, &x).unsqueeze(),
-            None => y,
-        }
+        layer.forward_routed(x, self.in_backward)
     }
 
     /// `layer.forward(tokens)`: `[batch, seq]` ids → `[batch, seq, d_model]`; the table updates

@@ -13,13 +13,18 @@ use burn::tensor::DType;
 use crate::ops::handwritten_backward::{
     BackwardContext, HandwrittenBackward, attach_backward_after,
 };
-use crate::ops::ternary_code::PackedTernary;
+use crate::ops::packed_matmul::PackedTernary;
+use crate::optim::InBackward;
+use crate::optim::param_value;
 
 /// Configuration of a [`TernaryLinear`].
 #[derive(Config, Debug)]
 pub struct TernaryLinearConfig {
+    /// Input features.
     pub d_input: usize,
+    /// Output features.
     pub d_output: usize,
+    /// An ordinary bias parameter, as `burn::nn::Linear` has by default.
     #[config(default = true)]
     pub bias: bool,
     /// Quantise each token's input to int8 by its absolute maximum (BitNet's activations).
@@ -54,18 +59,29 @@ pub struct TernaryLinear {
     pub weight: Param<Tensor<2>>,
     /// `[d_output]`.
     pub bias: Option<Param<Tensor<1>>>,
+    /// Whether the input is quantised to int8 per token as well.
     pub quantize_activations: bool,
 }
 
 impl TernaryLinear {
     /// `[..., d_input]` → `[..., d_output]`.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        ternary_linear(
-            x,
-            self.weight.val(),
-            self.bias.as_ref().map(Param::val),
-            self.quantize_activations,
-        )
+        self.forward_routed(x, None)
+    }
+
+    /// `[..., d_input]` → `[..., d_output]`, the latent weight and the bias routed through
+    /// `in_backward` (updated during its step's backward).
+    pub fn forward_routed<const D: usize>(
+        &self,
+        x: Tensor<D>,
+        in_backward: Option<&InBackward>,
+    ) -> Tensor<D> {
+        let weight = param_value(in_backward, &self.weight, &x);
+        let bias = self
+            .bias
+            .as_ref()
+            .map(|bias| param_value(in_backward, bias, &x));
+        ternary_linear(x, weight, bias, self.quantize_activations)
     }
 
     /// The ternaries `round(clip(w/γ, −1, 1))` in 2 bits each, and γ (for every row).

@@ -16,10 +16,13 @@ use crate::ops::adamw_update::{AdamWStep, adamw_update};
 /// AMSGrad and cautious weight decay).
 #[derive(Config, Debug)]
 pub struct FusedAdamWConfig {
+    /// `β₁`: decay of the first moment.
     #[config(default = 0.9)]
     pub beta_1: f32,
+    /// `β₂`: decay of the second moment.
     #[config(default = 0.999)]
     pub beta_2: f32,
+    /// `ε`: added to the second moment's square root.
     #[config(default = 1e-5)]
     pub epsilon: f32,
     /// Decoupled weight decay.

@@ -15,8 +15,10 @@ use crate::ops::momentum_update::{MomentumStep, momentum_update};
 /// [`FusedLion`]'s settings, with `burn::optim::LionConfig`'s names and defaults.
 #[derive(Config, Debug)]
 pub struct FusedLionConfig {
+    /// `β₁`: the interpolation that gives the update's sign.
     #[config(default = 0.9)]
     pub beta_1: f32,
+    /// `β₂`: decay of the momentum.
     #[config(default = 0.99)]
     pub beta_2: f32,
     /// Decoupled weight decay.

@@ -23,6 +23,7 @@ use crate::ops::momentum_update::{MomentumStep, momentum_update};
 /// [`FusedSgd`]'s settings, with the meaning of `burn::optim::SgdConfig`'s.
 #[derive(Config, Debug)]
 pub struct FusedSgdConfig {
+    /// Momentum, dampening and Nesterov, as `burn::optim::SgdConfig`'s.
     #[config(default = "MomentumConfig::new()")]
     pub momentum: MomentumConfig,
     /// L2 penalty added to the gradient (coupled weight decay, as in Burn's SGD).
@@ -41,6 +42,7 @@ pub struct FusedSgd {
 /// The velocity of one parameter.
 #[derive(Clone, Debug)]
 pub struct FusedSgdState<const D: usize> {
+    /// The momentum buffer, the parameter's shape.
     pub velocity: Tensor<D>,
 }
 

@@ -9,12 +9,15 @@
 mod fused_adamw;
 mod fused_lion;
 mod fused_sgd;
-pub mod in_backward;
+mod in_backward;
 
 pub use fused_adamw::{FusedAdamW, FusedAdamWConfig};
 pub use fused_lion::{FusedLion, FusedLionConfig};
 pub use fused_sgd::{FusedSgd, FusedSgdConfig, FusedSgdState};
-pub use in_backward::{InBackward, InBackwardError, InBackwardTraining, StepCounts, StepMemory};
+pub(crate) use in_backward::{ExternalUse, param_value};
+pub use in_backward::{
+    InBackward, InBackwardError, InBackwardTraining, StepCounts, StepMemory, train_step,
+};
 
 use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::optim::{ModuleOptimizer, Optimizer};

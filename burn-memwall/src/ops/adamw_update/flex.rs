@@ -5,48 +5,51 @@ use burn::backend::Flex;
 use burn::backend::tensor::FloatTensor;
 use rayon::prelude::*;
 
-use super::AdamWStep;
+use super::{AdamWStep, AdamWUpdateBackend};
 use crate::ops::flex::{UPDATE_CHUNK, cast_back, contiguous_f32};
 
-pub(super) fn adamw_update(
-    param: FloatTensor<Flex>,
-    grad: FloatTensor<Flex>,
-    moment_1: FloatTensor<Flex>,
-    moment_2: FloatTensor<Flex>,
-    step: AdamWStep,
-) -> (FloatTensor<Flex>, FloatTensor<Flex>, FloatTensor<Flex>) {
-    let dtype = param.dtype();
-    let mut param = contiguous_f32(param);
-    let mut moment_1 = contiguous_f32(moment_1);
-    let mut moment_2 = contiguous_f32(moment_2);
-    let grad = contiguous_f32(grad);
-    let AdamWStep {
-        beta_1,
-        beta_2,
-        bias_correction_1,
-        bias_correction_2,
-        epsilon,
-        decay,
-        learning_rate,
-    } = step;
-    let (factor_1, factor_2) = (1.0 - beta_1, 1.0 - beta_2);
-    param
-        .storage_mut::<f32>()
-        .par_chunks_mut(UPDATE_CHUNK)
-        .zip(moment_1.storage_mut::<f32>().par_chunks_mut(UPDATE_CHUNK))
-        .zip(moment_2.storage_mut::<f32>().par_chunks_mut(UPDATE_CHUNK))
-        .zip(grad.storage::<f32>().par_chunks(UPDATE_CHUNK))
-        .for_each(|(((w, m), v), g)| {
-            for (((w, m), v), &g) in w.iter_mut().zip(m).zip(v).zip(g) {
-                *m = *m * beta_1 + g * factor_1;
-                *v = *v * beta_2 + g * g * factor_2;
-                let delta = (*m / bias_correction_1) / ((*v / bias_correction_2).sqrt() + epsilon);
-                *w = *w * decay - delta * learning_rate;
-            }
-        });
-    (
-        cast_back(param, dtype),
-        cast_back(moment_1, dtype),
-        cast_back(moment_2, dtype),
-    )
+impl AdamWUpdateBackend for Flex {
+    fn adamw_update(
+        param: FloatTensor<Flex>,
+        grad: FloatTensor<Flex>,
+        moment_1: FloatTensor<Flex>,
+        moment_2: FloatTensor<Flex>,
+        step: AdamWStep,
+    ) -> (FloatTensor<Flex>, FloatTensor<Flex>, FloatTensor<Flex>) {
+        let dtype = param.dtype();
+        let mut param = contiguous_f32(param);
+        let mut moment_1 = contiguous_f32(moment_1);
+        let mut moment_2 = contiguous_f32(moment_2);
+        let grad = contiguous_f32(grad);
+        let AdamWStep {
+            beta_1,
+            beta_2,
+            bias_correction_1,
+            bias_correction_2,
+            epsilon,
+            decay,
+            learning_rate,
+        } = step;
+        let (factor_1, factor_2) = (1.0 - beta_1, 1.0 - beta_2);
+        param
+            .storage_mut::<f32>()
+            .par_chunks_mut(UPDATE_CHUNK)
+            .zip(moment_1.storage_mut::<f32>().par_chunks_mut(UPDATE_CHUNK))
+            .zip(moment_2.storage_mut::<f32>().par_chunks_mut(UPDATE_CHUNK))
+            .zip(grad.storage::<f32>().par_chunks(UPDATE_CHUNK))
+            .for_each(|(((w, m), v), g)| {
+                for (((w, m), v), &g) in w.iter_mut().zip(m).zip(v).zip(g) {
+                    *m = *m * beta_1 + g * factor_1;
+                    *v = *v * beta_2 + g * g * factor_2;
+                    let delta =
+                        (*m / bias_correction_1) / ((*v / bias_correction_2).sqrt() + epsilon);
+                    *w = *w * decay - delta * learning_rate;
+                }
+            });
+        (
+            cast_back(param, dtype),
+            cast_back(moment_1, dtype),
+            cast_back(moment_2, dtype),
+        )
+    }
 }

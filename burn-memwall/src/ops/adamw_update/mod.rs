@@ -8,7 +8,7 @@ mod cube;
 mod flex;
 
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Backend, Dispatch, Flex, backend_extension};
+use burn::backend::{Backend, Dispatch, backend_extension};
 use burn::prelude::*;
 
 /// The scalars of one update, computed on the host as `burn::optim::AdamW` computes them.
@@ -96,16 +96,4 @@ pub fn adamw_update<const D: usize>(
         Tensor::from_dispatch(moment_1),
         Tensor::from_dispatch(moment_2),
     )
-}
-
-impl AdamWUpdateBackend for Flex {
-    fn adamw_update(
-        param: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        moment_1: FloatTensor<Self>,
-        moment_2: FloatTensor<Self>,
-        step: AdamWStep,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        flex::adamw_update(param, grad, moment_1, moment_2, step)
-    }
 }

@@ -8,8 +8,8 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_memwall_kernels::counter::counter_update_kernel;
 
 use super::{CounterLinearBackend, CounterStep, RowBlock};
-use crate::ops::counter_code::{STATISTIC_LANES, bias_correction, rounding_key, words_per_row};
 use crate::ops::cube::writable;
+use burn_memwall_codes::counter::{STATISTIC_LANES, bias_correction, rounding_key, words_per_row};
 
 impl CounterLinearBackend for CubeBackend {
     fn counter_update(

@@ -3,7 +3,8 @@
 //! time (`dyᵀ·x` for those rows) and each block is consumed by the update as soon as it is
 //! formed. The products with the weight are [`crate::ops::packed_matmul`]'s.
 //!
-//! - Flex: rayon passes over the code's own storage ([`crate::ops::counter_code`]'s functions);
+//! - Flex: rayon passes over the code's own storage ([`burn_memwall_codes::counter`]'s
+//!   reference functions);
 //! - Cube: `burn-memwall-kernels/src/counter.rs`, which mirrors them operation for operation.
 
 #[cfg(feature = "cube")]
@@ -13,29 +14,38 @@ mod flex;
 use std::ops::Range;
 
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::backend::{Backend, Dispatch, Flex, backend_extension};
+use burn::backend::{Backend, Dispatch, backend_extension};
 use burn::prelude::*;
 
-use super::counter_code::{CounterCode, CounterHyper, words_per_row};
-use super::packed_matmul::{PackedLayout, PackedWeight, row_blocks};
+use burn_memwall_codes::PackedLayout;
+use burn_memwall_codes::counter::{CounterCode, CounterHyper, words_per_row};
+
+use super::packed_matmul::{PackedWeight, row_blocks};
 
 /// Rows `start .. start + len` of a `[d_output, d_input]` code of limit `limit`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowBlock {
+    /// The first row.
     pub start: usize,
+    /// Rows in the block.
     pub len: usize,
+    /// Weights per row.
     pub d_input: usize,
+    /// The counter limit `C`.
     pub limit: i32,
 }
 
 /// The scalars of one update.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CounterStep {
+    /// The update's hyper-parameters.
     pub hyper: CounterHyper,
     /// Counted from 0; keys the stochastic rounding and the statistic's bias correction.
     pub step: u32,
 }
 
+/// The backend extension behind [`CounterTensors::update_rows`]: Flex in `flex.rs`, Cube in
+/// `cube.rs`.
 #[backend_extension(Flex, Cube: cfg(feature = "cube"), Fusion: cfg(feature = "cube"))]
 pub trait CounterLinearBackend: Backend {
     /// `(codes, scale, mean_square)` after one update of the rows of `block` from their weight
@@ -51,27 +61,19 @@ pub trait CounterLinearBackend: Backend {
     ) -> (IntTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 }
 
-impl CounterLinearBackend for Flex {
-    fn counter_update(
-        codes: IntTensor<Self>,
-        scale: FloatTensor<Self>,
-        mean_square: FloatTensor<Self>,
-        gradient: FloatTensor<Self>,
-        block: RowBlock,
-        step: CounterStep,
-    ) -> (IntTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        flex::counter_update(codes, scale, mean_square, gradient, block, step)
-    }
-}
-
 /// A counter linear's state on its device: the packed code `[d_output, words]` (`u32`), and per
 /// row the scale and the mean squared gradient (f32).
 #[derive(Clone, Debug)]
 pub struct CounterTensors {
+    /// The code of every weight.
     pub code: CounterCode,
+    /// Weights per row.
     pub d_input: usize,
+    /// `[d_output, words_per_row(d_input)]`, `u32`.
     pub codes: Tensor<2, Int>,
+    /// `[d_output]`: each row's scale.
     pub scale: Tensor<1>,
+    /// `[d_output]`: each row's mean squared gradient.
     pub mean_square: Tensor<1>,
 }
 
@@ -85,6 +87,7 @@ impl CounterTensors {
         }
     }
 
+    /// Rows of the weight.
     pub fn d_output(&self) -> usize {
         self.scale.dims()[0]
     }
@@ -210,7 +213,9 @@ impl CounterTensors {
 /// scale and mean squared gradient per row.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostWeights {
+    /// The code of every weight.
     pub code: CounterCode,
+    /// Weights per row.
     pub d_input: usize,
     /// `[d_output, words_per_row(d_input)]`, row-major.
     pub words: Vec<u32>,

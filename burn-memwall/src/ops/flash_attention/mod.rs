@@ -7,22 +7,21 @@
 //! sequence, where Burn's autodiff attention keeps `[batch, heads, s_q, s_k]` scores and
 //! probabilities.
 //!
-//! - `tiled.rs`: the algorithm on Burn tensors, tile by tile (the Flex path, and the oracle the
-//!   kernels are checked against);
+//! - `tiled.rs`: the algorithm on Burn tensors, tile by tile, and the shape checks of every
+//!   backend;
+//! - `flex.rs`: the Flex path, `tiled.rs` on Flex's tensors;
 //! - `cube.rs`: the CubeCL kernels of `burn-memwall-kernels` (every Cube runtime);
 //! - `autodiff.rs`: the handwritten backward wired into Burn's autodiff.
 
 mod autodiff;
 #[cfg(feature = "cube")]
 mod cube;
+mod flex;
 mod tiled;
 
 use burn::backend::tensor::{BoolTensor, FloatTensor};
-use burn::backend::{Backend, Dispatch, Flex, backend_extension};
+use burn::backend::{Backend, Dispatch, backend_extension};
 use burn::prelude::*;
-use burn::tensor::DType;
-
-use super::flex::{bool, float, primitive};
 
 /// What to attend to and how.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
@@ -38,10 +37,74 @@ pub struct FlashAttentionOptions {
     pub softcap: Option<f64>,
 }
 
+/// The largest head dimension (of q and k, or of v) the kernels hold in registers.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The shapes of q, k and v, as an error names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionShapes {
+    /// `[batch, heads, s_q, d]`.
+    pub q: [usize; 4],
+    /// `[batch, kv_heads, s_k, d]`.
+    pub k: [usize; 4],
+    /// `[batch, kv_heads, s_k, d_v]`.
+    pub v: [usize; 4],
+}
+
+impl std::fmt::Display for AttentionShapes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "q {:?}, k {:?}, v {:?}", self.q, self.k, self.v)
+    }
+}
+
 /// Shapes or options that cannot be attended.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("flash attention: {0}")]
-pub struct FlashAttentionError(String);
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FlashAttentionError {
+    /// q, k and v differ in their batch size.
+    #[error("flash attention: q, k and v must have the same batch size ({0})")]
+    Batch(AttentionShapes),
+    /// k and v differ in their heads or sequence length.
+    #[error("flash attention: k and v must have the same heads and sequence length ({0})")]
+    KeyValue(AttentionShapes),
+    /// q and k differ in their head dimension.
+    #[error("flash attention: q and k must have the same head dim ({0})")]
+    HeadDim(AttentionShapes),
+    /// The query heads are not a whole number of groups of key/value heads.
+    #[error(
+        "flash attention: query heads ({heads}) must be a multiple of key/value heads \
+         ({kv_heads}) ({shapes})"
+    )]
+    Heads {
+        /// Query heads.
+        heads: usize,
+        /// Key/value heads.
+        kv_heads: usize,
+        /// All three shapes.
+        shapes: AttentionShapes,
+    },
+    /// A head dimension above [`MAX_HEAD_DIM`].
+    #[error("flash attention: head dims above {MAX_HEAD_DIM} are not supported ({0})")]
+    HeadDimTooLarge(AttentionShapes),
+    /// The key padding mask is not `[batch, s_k]`.
+    #[error(
+        "flash attention: the key padding mask must be [batch, s_k] = {expected:?}, got {mask:?}"
+    )]
+    Mask {
+        /// `[batch, s_k]`.
+        expected: [usize; 2],
+        /// The mask's shape.
+        mask: [usize; 2],
+    },
+    /// A sliding window of 0 keys.
+    #[error("flash attention: a sliding window must hold at least one key")]
+    EmptyWindow,
+    /// A soft-cap that is not finite and positive (which would make every score NaN).
+    #[error("flash attention: softcap must be finite and positive, got {0}")]
+    Softcap(f64),
+    /// A scale that is not finite.
+    #[error("flash attention: scale must be finite, got {0}")]
+    Scale(f64),
+}
 
 /// Checks q `[batch, heads, s_q, d]`, k `[batch, kv_heads, s_k, d]`, v `[batch, kv_heads, s_k, d_v]`,
 /// the key padding mask `[batch, s_k]` and the options, naming the shapes that do not fit.
@@ -55,12 +118,20 @@ pub fn check_shapes(
     tiled::dims(q, k, v, key_padding_mask, options).map(|_| ())
 }
 
-/// Attention output `[batch, heads, s_q, d_v]` of q `[batch, heads, s_q, d]` over k
-/// `[batch, kv_heads, s_k, d]` and v `[batch, kv_heads, s_k, d_v]` (grouped-query when
-/// `kv_heads < heads`). `key_padding_mask` `[batch, s_k]` is true for keys to ignore; a query that
-/// sees no key outputs zeros. Differentiable in q, k and v with a memory-lean backward.
+/// Attention of q over k and v (grouped-query when `kv_heads < heads`). `key_padding_mask` is
+/// true for keys to ignore; a query that sees no key outputs zeros. Differentiable in q, k and
+/// v with a memory-lean backward.
 ///
-/// Panics with a message naming the shapes when they do not fit (see [`check_shapes`]).
+/// # Shapes
+/// - `q`: `[batch, heads, s_q, d]`
+/// - `k`: `[batch, kv_heads, s_k, d]`
+/// - `v`: `[batch, kv_heads, s_k, d_v]`
+/// - `key_padding_mask`: `[batch, s_k]`
+/// - output: `[batch, heads, s_q, d_v]`
+///
+/// # Panics
+/// With the [`FlashAttentionError`]'s message when the shapes or options do not fit;
+/// [`try_flash_attention`] returns the error instead.
 pub fn flash_attention(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -68,9 +139,19 @@ pub fn flash_attention(
     key_padding_mask: Option<Tensor<2, Bool>>,
     options: FlashAttentionOptions,
 ) -> Tensor<4> {
-    if let Err(error) = check_shapes(&q, &k, &v, key_padding_mask.as_ref(), &options) {
-        panic!("{error}");
-    }
+    try_flash_attention(q, k, v, key_padding_mask, options)
+        .unwrap_or_else(|error| panic!("{error}"))
+}
+
+/// [`flash_attention`], returning shapes or options that do not fit as an error.
+pub fn try_flash_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    key_padding_mask: Option<Tensor<2, Bool>>,
+    options: FlashAttentionOptions,
+) -> Result<Tensor<4>, FlashAttentionError> {
+    check_shapes(&q, &k, &v, key_padding_mask.as_ref(), &options)?;
     let [batch, _, s_k, _] = k.dims();
     let mask = key_padding_mask.unwrap_or_else(|| {
         Tensor::from_data(
@@ -78,13 +159,13 @@ pub fn flash_attention(
             &q.device(),
         )
     });
-    Tensor::from_dispatch(Dispatch::flash_attention(
+    Ok(Tensor::from_dispatch(Dispatch::flash_attention(
         q.into_dispatch(),
         k.into_dispatch(),
         v.into_dispatch(),
         mask.into_dispatch(),
         options,
-    ))
+    )))
 }
 
 /// The backend extension behind [`flash_attention`]: a forward that also returns the log-sum-exp
@@ -129,54 +210,4 @@ pub trait FlashAttentionBackend: Backend {
         d_out: FloatTensor<Self>,
         options: FlashAttentionOptions,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-}
-
-impl FlashAttentionBackend for Flex {
-    fn flash_attention_forward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        key_padding_mask: BoolTensor<Self>,
-        options: FlashAttentionOptions,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let dtype = q.dtype();
-        let (out, lse) = tiled::forward(
-            float(q),
-            float(k),
-            float(v),
-            Some(bool(key_padding_mask)),
-            options,
-        )
-        .unwrap_or_else(|error| panic!("{error}"));
-        (primitive(out, dtype), primitive(lse, DType::F32))
-    }
-
-    fn flash_attention_backward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        key_padding_mask: BoolTensor<Self>,
-        out: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        d_out: FloatTensor<Self>,
-        options: FlashAttentionOptions,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let dtype = q.dtype();
-        let (dq, dk, dv) = tiled::backward(
-            float(q),
-            float(k),
-            float(v),
-            Some(bool(key_padding_mask)),
-            float(out),
-            float(lse),
-            float(d_out),
-            options,
-        )
-        .unwrap_or_else(|error| panic!("{error}"));
-        (
-            primitive(dq, dtype),
-            primitive(dk, dtype),
-            primitive(dv, dtype),
-        )
-    }
 }

@@ -1,11 +1,14 @@
-//! The tiled algorithm on Burn tensors: online-softmax forward and FlashAttention-2 backward.
-//! It runs on any backend (it is the Flex path, and the Cube path until the CubeCL kernels land)
-//! and never holds more than one `[batch, heads, TILE, TILE]` score tile per step.
+//! The Flex path of flash attention: the online-softmax forward and the FlashAttention-2
+//! backward written with Burn tensor ops, one `[batch, heads, TILE, TILE]` score tile at a time:
+//! like the kernels, it never holds an `[s_q, s_k]` matrix. `impl FlashAttentionBackend for Flex`
+//! (`mod.rs`) calls `forward` and `backward` here on f32 tensors (f16 and bf16 inputs are
+//! widened first); Cube runtimes run the CubeCL kernels instead (`cube.rs`). `dims` is also the
+//! shape and option check behind `check_shapes`, which `flash_attention` runs on every backend.
 
 use burn::prelude::*;
 use burn::tensor::DType;
 
-use super::{FlashAttentionError, FlashAttentionOptions};
+use super::{AttentionShapes, FlashAttentionError, FlashAttentionOptions, MAX_HEAD_DIM};
 
 /// Rows and columns of one score tile.
 const TILE: usize = 64;
@@ -43,54 +46,53 @@ pub(super) fn dims(
     key_padding_mask: Option<&Tensor<2, Bool>>,
     options: &FlashAttentionOptions,
 ) -> Result<Dims, FlashAttentionError> {
-    let ([batch, heads, s_q, d], [kb, kv_heads, s_k, kd], [vb, vh, vs, d_v]) =
-        (q.dims(), k.dims(), v.dims());
-    let fail = |what: String| {
-        Err(FlashAttentionError(format!(
-            "{what} (q {:?}, k {:?}, v {:?})",
-            q.dims(),
-            k.dims(),
-            v.dims()
-        )))
+    let shapes = AttentionShapes {
+        q: q.dims(),
+        k: k.dims(),
+        v: v.dims(),
     };
+    let ([batch, heads, s_q, d], [kb, kv_heads, s_k, kd], [vb, vh, vs, d_v]) =
+        (shapes.q, shapes.k, shapes.v);
     if kb != batch || vb != batch {
-        return fail("q, k and v must have the same batch size".into());
+        return Err(FlashAttentionError::Batch(shapes));
     }
     if vh != kv_heads || vs != s_k {
-        return fail("k and v must have the same heads and sequence length".into());
+        return Err(FlashAttentionError::KeyValue(shapes));
     }
     if kd != d {
-        return fail("q and k must have the same head dim".into());
+        return Err(FlashAttentionError::HeadDim(shapes));
     }
     if kv_heads == 0 || heads % kv_heads != 0 {
-        return fail(format!(
-            "query heads ({heads}) must be a multiple of key/value heads ({kv_heads})"
-        ));
+        return Err(FlashAttentionError::Heads {
+            heads,
+            kv_heads,
+            shapes,
+        });
     }
-    if d > 256 || d_v > 256 {
-        return fail("head dims above 256 are not supported".into());
+    if d > MAX_HEAD_DIM || d_v > MAX_HEAD_DIM {
+        return Err(FlashAttentionError::HeadDimTooLarge(shapes));
     }
     if let Some(mask) = key_padding_mask
         && mask.dims() != [batch, s_k]
     {
-        return fail(format!(
-            "the key padding mask must be [batch, s_k] = [{batch}, {s_k}], got {:?}",
-            mask.dims()
-        ));
+        return Err(FlashAttentionError::Mask {
+            expected: [batch, s_k],
+            mask: mask.dims(),
+        });
     }
     if options.window == Some(0) {
-        return fail("a sliding window must hold at least one key".into());
+        return Err(FlashAttentionError::EmptyWindow);
     }
     // An infinite cap is no cap (tanh(s/∞)·∞ is NaN in floats): leave it `None` instead.
     if let Some(cap) = options.softcap
         && !(cap > 0.0 && cap.is_finite())
     {
-        return fail(format!("softcap must be finite and positive, got {cap}"));
+        return Err(FlashAttentionError::Softcap(cap));
     }
     if let Some(scale) = options.scale
         && !scale.is_finite()
     {
-        return fail(format!("scale must be finite, got {scale}"));
+        return Err(FlashAttentionError::Scale(scale));
     }
     Ok(Dims {
         batch,

@@ -18,7 +18,7 @@
 //! `Reduction::None` needs a gradient per token from upstream and therefore always recomputes.
 //!
 //! - `chunked.rs`: the chunk loop on any backend's primitives (matmuls are the backend's own);
-//! - `rows.rs`: loss, log-sum-exp and gradient of rows of logits on the host (the Flex path);
+//! - `flex.rs`: loss, log-sum-exp and gradient of rows of logits on the host (the Flex path);
 //! - `cube.rs`: the same rows as CubeCL kernels (every Cube runtime);
 //! - `autodiff.rs`: the handwritten backward wired into Burn's autodiff.
 
@@ -26,10 +26,10 @@ mod autodiff;
 mod chunked;
 #[cfg(feature = "cube")]
 mod cube;
-mod rows;
+mod flex;
 
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::backend::{Backend, Dispatch, Flex, backend_extension};
+use burn::backend::{Backend, Dispatch, backend_extension};
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -77,6 +77,7 @@ pub enum GradientPass {
 pub struct FusedCrossEntropyOptions {
     /// Tokens with this target add nothing to the loss or the gradients, and cost no compute.
     pub ignore_index: Option<usize>,
+    /// How the per-token losses become the output.
     pub reduction: Reduction,
     /// `ε`: the target distribution is `(1 − ε)·one_hot + ε / vocab` (as Burn's and PyTorch's).
     pub label_smoothing: f64,
@@ -87,6 +88,7 @@ pub struct FusedCrossEntropyOptions {
     /// Tokens per chunk; `None` picks [`DEFAULT_CHUNK_TOKENS`], fewer when `chunk × vocab` would
     /// pass [`MAX_CHUNK_LOGITS`].
     pub chunk_size: Option<usize>,
+    /// When the gradients of a reduced loss are computed.
     pub gradients: GradientPass,
 }
 
@@ -94,8 +96,11 @@ pub struct FusedCrossEntropyOptions {
 /// [`FusedLinearCrossEntropyBackend`] take them.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RowLoss {
+    /// `ε` of the label smoothing.
     pub label_smoothing: f32,
+    /// `λ` of the z-loss.
     pub z_loss: f32,
+    /// The soft-cap `c`, if any.
     pub softcap: Option<f32>,
 }
 
@@ -103,11 +108,15 @@ pub struct RowLoss {
 /// [`try_fused_linear_cross_entropy`] from the options and the targets.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LossPlan {
+    /// The loss terms of a row.
     pub row_loss: RowLoss,
+    /// How the per-token losses become the output.
     pub reduction: Reduction,
+    /// When the gradients are computed (always `Recompute` for `Reduction::None`).
     pub gradients: GradientPass,
     /// Tokens in, and tokens that are not ignored (`kept ≤ tokens`).
     pub tokens: usize,
+    /// Tokens that are not ignored.
     pub kept: usize,
     /// Tokens per chunk.
     pub chunk: usize,
@@ -116,10 +125,117 @@ pub struct LossPlan {
     pub has_bias: bool,
 }
 
-/// Inputs that cannot make a loss, with what is wrong.
+/// Inputs or options that cannot make a loss, with what is wrong.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("fused linear cross-entropy: {0}")]
-pub struct FusedCrossEntropyError(pub(crate) String);
+pub enum FusedCrossEntropyError {
+    /// `hidden` `[tokens, d]` and `weight` `[vocab, d]` disagree on `d`.
+    #[error(
+        "fused linear cross-entropy: hidden {hidden:?} and weight {weight:?} must share their \
+         last dimension (weight is [vocab, d])"
+    )]
+    Width {
+        /// `hidden`'s shape.
+        hidden: Vec<usize>,
+        /// `weight`'s shape.
+        weight: Vec<usize>,
+    },
+    /// The bias is not `[vocab]`.
+    #[error("fused linear cross-entropy: bias {bias:?} must be [vocab] = [{vocab}]")]
+    Bias {
+        /// The bias's shape.
+        bias: Vec<usize>,
+        /// The weight's rows.
+        vocab: usize,
+    },
+    /// The targets are not one per token of `hidden` (`[..., d]` hidden states against `[...]`
+    /// targets).
+    #[error(
+        "fused linear cross-entropy: targets {targets:?} must be hidden {hidden:?} without its \
+         last dimension (one target per token)"
+    )]
+    Targets {
+        /// The targets' shape.
+        targets: Vec<usize>,
+        /// `hidden`'s shape.
+        hidden: Vec<usize>,
+    },
+    /// No token or no vocabulary.
+    #[error(
+        "fused linear cross-entropy: no tokens or no vocabulary (hidden {hidden:?}, weight \
+         {weight:?})"
+    )]
+    Empty {
+        /// `hidden`'s shape.
+        hidden: Vec<usize>,
+        /// `weight`'s shape.
+        weight: Vec<usize>,
+    },
+    /// A target outside the vocabulary that is not `ignore_index`.
+    #[error(
+        "fused linear cross-entropy: target {target} of token {token} is outside [0, {vocab}){}",
+        ignore_index.map_or(String::new(), |i| format!(" and is not ignore_index {i}"))
+    )]
+    TargetOutOfRange {
+        /// The target.
+        target: i64,
+        /// Its token, counted over the flattened targets.
+        token: usize,
+        /// The vocabulary size.
+        vocab: usize,
+        /// The ignored target, if any.
+        ignore_index: Option<usize>,
+    },
+    /// An option out of its range: its name, its value and the range.
+    #[error("fused linear cross-entropy: {option} {value} must be {range}")]
+    Option {
+        /// The option's field in [`FusedCrossEntropyOptions`].
+        option: &'static str,
+        /// Its value.
+        value: f64,
+        /// What it must be.
+        range: &'static str,
+    },
+    /// An option that this head does not implement.
+    #[error("fused linear cross-entropy: {head} takes no {option}")]
+    Unsupported {
+        /// The head.
+        head: &'static str,
+        /// The option it refuses.
+        option: &'static str,
+    },
+}
+
+impl FusedCrossEntropyOptions {
+    /// The loss terms of a row, after checking each option's range.
+    pub(crate) fn row_loss(&self) -> Result<RowLoss, FusedCrossEntropyError> {
+        let refuse = |option, value, range| {
+            Err(FusedCrossEntropyError::Option {
+                option,
+                value,
+                range,
+            })
+        };
+        if !(0.0..=1.0).contains(&self.label_smoothing) {
+            return refuse("label_smoothing", self.label_smoothing, "in [0, 1]");
+        }
+        if !(self.z_loss >= 0.0 && self.z_loss.is_finite()) {
+            return refuse("z_loss", self.z_loss, "finite and ≥ 0");
+        }
+        if let Some(cap) = self.softcap
+            && !(cap > 0.0 && cap.is_finite())
+        {
+            return refuse("softcap", cap, "finite and > 0");
+        }
+        if self.chunk_size == Some(0) {
+            return refuse("chunk_size", 0.0, "at least 1");
+        }
+        Ok(RowLoss {
+            label_smoothing: self.label_smoothing as f32,
+            z_loss: self.z_loss as f32,
+            softcap: self.softcap.map(|cap| cap as f32),
+        })
+    }
+}
 
 /// Mean (or summed, or per-token) cross-entropy of `hidden · weightᵀ + bias` against `targets`,
 /// computed chunk by chunk without materialising the logits. `hidden` is `[tokens, d]`,
@@ -129,6 +245,16 @@ pub struct FusedCrossEntropyError(pub(crate) String);
 /// Reads the targets back to the host once (a device sync) to check them and to drop ignored
 /// tokens before any compute. When every token is ignored the loss is 0 and every gradient is
 /// zero, never NaN.
+///
+/// # Shapes
+/// - `hidden`: `[tokens, d]`
+/// - `weight`: `[vocab, d]`
+/// - `bias`: `[vocab]`
+/// - `targets`: `[tokens]`, each in `0..vocab` or `options.ignore_index`
+/// - output: `[1]`, or `[tokens]` for `Reduction::None`
+///
+/// # Errors
+/// A [`FusedCrossEntropyError`] naming the shape, target or option that does not fit.
 pub fn try_fused_linear_cross_entropy(
     hidden: Tensor<2>,
     weight: Tensor<2>,
@@ -136,44 +262,50 @@ pub fn try_fused_linear_cross_entropy(
     targets: Tensor<1, Int>,
     options: FusedCrossEntropyOptions,
 ) -> Result<Tensor<1>, FusedCrossEntropyError> {
-    let fail = |message: String| Err(FusedCrossEntropyError(message));
+    let row_loss = options.row_loss()?;
+    fused_loss(hidden, weight, bias, targets, &options, row_loss)
+}
+
+/// [`try_fused_linear_cross_entropy`] with options already checked into `row_loss`.
+pub(crate) fn fused_loss(
+    hidden: Tensor<2>,
+    weight: Tensor<2>,
+    bias: Option<Tensor<1>>,
+    targets: Tensor<1, Int>,
+    options: &FusedCrossEntropyOptions,
+    row_loss: RowLoss,
+) -> Result<Tensor<1>, FusedCrossEntropyError> {
     let ([tokens, d], [vocab, d_weight]) = (hidden.dims(), weight.dims());
     if d != d_weight {
-        return fail(format!(
-            "hidden {:?} and weight {:?} must share their last dimension (weight is [vocab, d])",
-            hidden.dims(),
-            weight.dims()
-        ));
+        return Err(FusedCrossEntropyError::Width {
+            hidden: hidden.dims().to_vec(),
+            weight: weight.dims().to_vec(),
+        });
     }
     if let Some(bias) = &bias
         && bias.dims() != [vocab]
     {
-        return fail(format!(
-            "bias {:?} must be [vocab] = [{vocab}]",
-            bias.dims()
-        ));
+        return Err(FusedCrossEntropyError::Bias {
+            bias: bias.dims().to_vec(),
+            vocab,
+        });
     }
     if targets.dims() != [tokens] {
-        return fail(format!(
-            "targets {:?} must be [tokens] = [{tokens}] (hidden is {:?})",
-            targets.dims(),
-            hidden.dims()
-        ));
+        return Err(FusedCrossEntropyError::Targets {
+            targets: targets.dims().to_vec(),
+            hidden: hidden.dims().to_vec(),
+        });
     }
     if tokens == 0 || vocab == 0 {
-        return fail(format!(
-            "no tokens or no vocabulary (hidden {:?}, weight {:?})",
-            hidden.dims(),
-            weight.dims()
-        ));
+        return Err(FusedCrossEntropyError::Empty {
+            hidden: hidden.dims().to_vec(),
+            weight: weight.dims().to_vec(),
+        });
     }
-    let row_loss = row_loss(&options)?;
-    let chunk = match options.chunk_size {
-        Some(0) => return fail("chunk_size must be at least 1".into()),
-        Some(chunk) => chunk,
-        None => DEFAULT_CHUNK_TOKENS.min(MAX_CHUNK_LOGITS / vocab),
-    }
-    .clamp(1, MAX_CHUNK_TOKENS);
+    let chunk = options
+        .chunk_size
+        .unwrap_or(DEFAULT_CHUNK_TOKENS.min(MAX_CHUNK_LOGITS / vocab))
+        .clamp(1, MAX_CHUNK_TOKENS);
 
     let (rows, kept_targets) = kept_rows(&targets, vocab, options.ignore_index)?;
     let kept = rows.len();
@@ -207,8 +339,10 @@ pub fn try_fused_linear_cross_entropy(
     )))
 }
 
-/// [`try_fused_linear_cross_entropy`] that panics, naming what is wrong, on inputs that cannot
-/// make a loss.
+/// [`try_fused_linear_cross_entropy`] for inputs known to fit.
+///
+/// # Panics
+/// With the [`FusedCrossEntropyError`]'s message, on inputs or options that cannot make a loss.
 pub fn fused_linear_cross_entropy(
     hidden: Tensor<2>,
     weight: Tensor<2>,
@@ -218,29 +352,6 @@ pub fn fused_linear_cross_entropy(
 ) -> Tensor<1> {
     try_fused_linear_cross_entropy(hidden, weight, bias, targets, options)
         .unwrap_or_else(|error| panic!("{error}"))
-}
-
-fn row_loss(options: &FusedCrossEntropyOptions) -> Result<RowLoss, FusedCrossEntropyError> {
-    let fail = |message: String| Err(FusedCrossEntropyError(message));
-    if !(0.0..=1.0).contains(&options.label_smoothing) {
-        return fail(format!(
-            "label_smoothing {} is not in [0, 1]",
-            options.label_smoothing
-        ));
-    }
-    if !(options.z_loss >= 0.0 && options.z_loss.is_finite()) {
-        return fail(format!("z_loss {} must be finite and ≥ 0", options.z_loss));
-    }
-    if let Some(cap) = options.softcap
-        && !(cap > 0.0 && cap.is_finite())
-    {
-        return fail(format!("softcap {cap} must be finite and > 0"));
-    }
-    Ok(RowLoss {
-        label_smoothing: options.label_smoothing as f32,
-        z_loss: options.z_loss as f32,
-        softcap: options.softcap.map(|cap| cap as f32),
-    })
 }
 
 /// The rows whose target is not `ignore_index`, and their targets, after checking every target
@@ -264,10 +375,12 @@ pub(crate) fn kept_rows(
             continue;
         }
         if !(0..vocab as i64).contains(&target) {
-            return Err(FusedCrossEntropyError(format!(
-                "target {target} of token {row} is outside [0, {vocab}){}",
-                ignore_index.map_or(String::new(), |i| format!(" and is not ignore_index {i}"))
-            )));
+            return Err(FusedCrossEntropyError::TargetOutOfRange {
+                target,
+                token: row,
+                vocab,
+                ignore_index,
+            });
         }
         rows.push(row as i64);
         kept.push(target);
@@ -277,7 +390,7 @@ pub(crate) fn kept_rows(
 
 /// The backend extension behind [`fused_linear_cross_entropy`]. The op itself is the chunk loop
 /// of `chunked.rs` on any backend's own matmuls; each backend brings the two row primitives
-/// (Flex on Burn tensors in `rows.rs`, Cube as kernels in `cube.rs`), and Autodiff the
+/// (Flex on the host in `flex.rs`, Cube as kernels in `cube.rs`), and Autodiff the
 /// handwritten backward.
 #[backend_extension(Flex, Cube: cfg(feature = "cube"), Autodiff, Fusion: cfg(feature = "cube"))]
 pub trait FusedLinearCrossEntropyBackend: Backend {
@@ -321,24 +434,4 @@ pub trait FusedLinearCrossEntropyBackend: Backend {
         d_loss: FloatTensor<Self>,
         row_loss: RowLoss,
     ) -> FloatTensor<Self>;
-}
-
-impl FusedLinearCrossEntropyBackend for Flex {
-    fn cross_entropy_rows_forward(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        row_loss: RowLoss,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        rows::forward(logits, targets, &row_loss)
-    }
-
-    fn cross_entropy_rows_backward(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        lse: FloatTensor<Self>,
-        d_loss: FloatTensor<Self>,
-        row_loss: RowLoss,
-    ) -> FloatTensor<Self> {
-        rows::backward(logits, targets, lse, d_loss, &row_loss)
-    }
 }

@@ -5,28 +5,30 @@ use burn::backend::Flex;
 use burn::backend::tensor::FloatTensor;
 use rayon::prelude::*;
 
-use super::MomentumStep;
+use super::{MomentumStep, MomentumUpdateBackend};
 use crate::ops::flex::{UPDATE_CHUNK, cast_back, contiguous_f32};
 
-pub(super) fn momentum_update(
-    param: FloatTensor<Flex>,
-    grad: FloatTensor<Flex>,
-    moment: FloatTensor<Flex>,
-    step: MomentumStep,
-) -> (FloatTensor<Flex>, FloatTensor<Flex>) {
-    let dtype = param.dtype();
-    let mut param = contiguous_f32(param);
-    let mut moment = contiguous_f32(moment);
-    let grad = contiguous_f32(grad);
-    param
-        .storage_mut::<f32>()
-        .par_chunks_mut(UPDATE_CHUNK)
-        .zip(moment.storage_mut::<f32>().par_chunks_mut(UPDATE_CHUNK))
-        .zip(grad.storage::<f32>().par_chunks(UPDATE_CHUNK))
-        .for_each(|((w, m), g)| {
-            for ((w, m), &g) in w.iter_mut().zip(m).zip(g) {
-                (*w, *m) = step.apply(*w, g, *m);
-            }
-        });
-    (cast_back(param, dtype), cast_back(moment, dtype))
+impl MomentumUpdateBackend for Flex {
+    fn momentum_update(
+        param: FloatTensor<Flex>,
+        grad: FloatTensor<Flex>,
+        moment: FloatTensor<Flex>,
+        step: MomentumStep,
+    ) -> (FloatTensor<Flex>, FloatTensor<Flex>) {
+        let dtype = param.dtype();
+        let mut param = contiguous_f32(param);
+        let mut moment = contiguous_f32(moment);
+        let grad = contiguous_f32(grad);
+        param
+            .storage_mut::<f32>()
+            .par_chunks_mut(UPDATE_CHUNK)
+            .zip(moment.storage_mut::<f32>().par_chunks_mut(UPDATE_CHUNK))
+            .zip(grad.storage::<f32>().par_chunks(UPDATE_CHUNK))
+            .for_each(|((w, m), g)| {
+                for ((w, m), &g) in w.iter_mut().zip(m).zip(g) {
+                    (*w, *m) = step.apply(*w, g, *m);
+                }
+            });
+        (cast_back(param, dtype), cast_back(moment, dtype))
+    }
 }

@@ -9,7 +9,7 @@ mod cube;
 mod flex;
 
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Backend, Dispatch, Flex, backend_extension};
+use burn::backend::{Backend, Dispatch, backend_extension};
 use burn::optim::momentum::MomentumConfig;
 use burn::prelude::*;
 
@@ -133,15 +133,4 @@ pub fn momentum_update<const D: usize>(
         step,
     );
     (Tensor::from_dispatch(param), Tensor::from_dispatch(moment))
-}
-
-impl MomentumUpdateBackend for Flex {
-    fn momentum_update(
-        param: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        moment: FloatTensor<Self>,
-        step: MomentumStep,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        flex::momentum_update(param, grad, moment, step)
-    }
 }

@@ -11,7 +11,9 @@ use burn_memwall_kernels::packed_matmul::{
     TILE_COLUMNS, UNITS_PER_SIDE, packed_decode_kernel, packed_matmul_kernel,
 };
 
-use super::{PackedLayout, PackedMatmulBackend, PackedShape, Product};
+use burn_memwall_codes::PackedLayout;
+
+use super::{PackedMatmulBackend, PackedShape, Product};
 use crate::ops::cube::per_element;
 
 impl PackedMatmulBackend for CubeBackend {
@@ -38,7 +40,7 @@ impl PackedMatmulBackend for CubeBackend {
         if rows == 0 {
             return output; // no cube to launch
         }
-        let (counter, counter_states) = kernel_layout(weight.layout);
+        let (counter, counter_limit) = kernel_layout(weight.layout);
         // 8 rows per unit where the rows fill them; fewer for a small batch.
         let rows_per_unit = rows.div_ceil(UNITS_PER_SIDE).next_power_of_two().min(8);
         packed_matmul_kernel::launch(
@@ -56,7 +58,7 @@ impl PackedMatmulBackend for CubeBackend {
             weight.d_input as u32,
             weight.d_output as u32,
             weight.layout.words_per_row(weight.d_input) as u32,
-            counter_states,
+            counter_limit,
             rows_per_unit,
             counter,
             product == Product::Transposed,
@@ -79,7 +81,7 @@ impl PackedMatmulBackend for CubeBackend {
         if weight.d_output * weight.d_input == 0 {
             return output; // no cube to launch
         }
-        let (counter, counter_states) = kernel_layout(weight.layout);
+        let (counter, counter_limit) = kernel_layout(weight.layout);
         let (cube_count, cube_dim) = per_element(&output);
         packed_decode_kernel::launch(
             &output.client,
@@ -90,18 +92,18 @@ impl PackedMatmulBackend for CubeBackend {
             output.clone().into_tensor_arg(),
             weight.d_input as u32,
             weight.layout.words_per_row(weight.d_input) as u32,
-            counter_states,
+            counter_limit,
             counter,
         );
         output
     }
 }
 
-/// The kernels' `counter` switch and `2C − 1` (the codes per ternary) of `layout`.
+/// The kernels' `counter` switch and counter limit `C` of `layout`.
 fn kernel_layout(layout: PackedLayout) -> (bool, u32) {
     match layout {
         PackedLayout::Ternary => (false, 0),
-        PackedLayout::Counter(code) => (true, (2 * code.limit() - 1) as u32),
+        PackedLayout::Counter(code) => (true, code.limit() as u32),
     }
 }
 

@@ -9,90 +9,32 @@
 //! [`PackedWeight::rows`] decodes only the rows it is asked for: an embedding lookup in a coded
 //! table, or the target rows of a coded LM head.
 //!
-//! [`PackedTernary`]: crate::ops::ternary_code::PackedTernary
-
 #[cfg(feature = "cube")]
 mod cube;
 mod flex;
+mod packed_ternary;
+
+pub use packed_ternary::PackedTernary;
 
 use std::ops::Range;
 
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::backend::{Backend, Dispatch, Flex, backend_extension};
+use burn::backend::{Backend, Dispatch, backend_extension};
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType};
-
-use super::counter_code::{
-    CODE_BITS, CODES_PER_GROUP, CounterCode, WORDS_PER_GROUP, code_at, group_bits, words_per_row,
-};
-use super::ternary_code::{TERNARIES_PER_WORD, ternary_words_per_row};
+use burn_memwall_codes::PackedLayout;
 
 /// Weights per block of rows the Flex path decodes at once.
 pub const BLOCK_WEIGHTS: usize = 1 << 18;
 
-/// How the ternaries of a weight row are packed into `u32` words.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PackedLayout {
-    /// `t + 1` in 2 bits, 16 per word ([`crate::ops::ternary_code`]).
-    Ternary,
-    /// Counter-synapse codes, 6 bits each, 16 per 3 words ([`crate::ops::counter_code`]).
-    Counter(CounterCode),
-}
-
-impl PackedLayout {
-    /// Words that hold a row of `d_input` weights.
-    pub fn words_per_row(self, d_input: usize) -> usize {
-        match self {
-            Self::Ternary => ternary_words_per_row(d_input),
-            Self::Counter(_) => words_per_row(d_input),
-        }
-    }
-
-    /// `t` of weight `i` of the row packed in `words`.
-    pub fn ternary(self, words: &[u32], i: usize) -> i32 {
-        match self {
-            Self::Ternary => {
-                let word = words[i / TERNARIES_PER_WORD];
-                ((word >> (2 * (i % TERNARIES_PER_WORD))) & 0b11) as i32 - 1
-            }
-            Self::Counter(code) => code.ternary(code_at(words, i)),
-        }
-    }
-
-    /// `scale · t` of the row packed in `words`, into `out` (`[d_input]`), a group of 16 at a
-    /// time through a table of the values a code can take.
-    pub fn decode_row(self, words: &[u32], scale: f32, out: &mut [f32]) {
-        match self {
-            Self::Ternary => {
-                let values = [-scale, 0.0, scale, scale];
-                for (group, word) in out.chunks_mut(TERNARIES_PER_WORD).zip(words) {
-                    for (k, w) in group.iter_mut().enumerate() {
-                        *w = values[(word >> (2 * k)) as usize & 0b11];
-                    }
-                }
-            }
-            Self::Counter(code) => {
-                let values: [f32; 1 << CODE_BITS] =
-                    std::array::from_fn(|k| scale * code.ternary(k as u32) as f32);
-                for (group, words) in out
-                    .chunks_mut(CODES_PER_GROUP)
-                    .zip(words.chunks_exact(WORDS_PER_GROUP))
-                {
-                    let bits = group_bits(words);
-                    for (k, w) in group.iter_mut().enumerate() {
-                        *w = values[(bits >> (CODE_BITS * k)) as usize & ((1 << CODE_BITS) - 1)];
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// A packed `[d_output, d_input]` weight as the op sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PackedShape {
+    /// How the ternaries are packed.
     pub layout: PackedLayout,
+    /// Weights per row.
     pub d_input: usize,
+    /// Rows.
     pub d_output: usize,
 }
 
@@ -115,6 +57,8 @@ pub enum Product {
     Transposed,
 }
 
+/// The backend extension behind [`PackedWeight`]'s products: Flex in `flex.rs`, Cube in
+/// `cube.rs`.
 #[backend_extension(Flex, Cube: cfg(feature = "cube"), Fusion: cfg(feature = "cube"))]
 pub trait PackedMatmulBackend: Backend {
     /// `product` of the weight packed in `codes` (`[d_output, words_per_row]` `u32`) with
@@ -137,26 +81,6 @@ pub trait PackedMatmulBackend: Backend {
     ) -> FloatTensor<Self>;
 }
 
-impl PackedMatmulBackend for Flex {
-    fn packed_matmul(
-        input: FloatTensor<Self>,
-        codes: IntTensor<Self>,
-        scale: FloatTensor<Self>,
-        weight: PackedShape,
-        product: Product,
-    ) -> FloatTensor<Self> {
-        flex::packed_matmul(input, codes, scale, weight, product)
-    }
-
-    fn packed_decode(
-        codes: IntTensor<Self>,
-        scale: FloatTensor<Self>,
-        weight: PackedShape,
-    ) -> FloatTensor<Self> {
-        flex::packed_decode(codes, scale, weight)
-    }
-}
-
 /// The row blocks of a `[d_output, d_input]` weight, at most [`BLOCK_WEIGHTS`] weights each
 /// (one row at least).
 pub fn row_blocks(d_input: usize, d_output: usize) -> impl Iterator<Item = Range<usize>> {
@@ -168,7 +92,9 @@ pub fn row_blocks(d_input: usize, d_output: usize) -> impl Iterator<Item = Range
 /// A `[d_output, d_input]` weight `diag(scale) · T` on a device, its ternaries packed.
 #[derive(Clone, Debug)]
 pub struct PackedWeight {
+    /// How the ternaries are packed.
     pub layout: PackedLayout,
+    /// Weights per row.
     pub d_input: usize,
     /// `[d_output, layout.words_per_row(d_input)]`, `u32`.
     pub codes: Tensor<2, Int>,
@@ -177,6 +103,7 @@ pub struct PackedWeight {
 }
 
 impl PackedWeight {
+    /// Rows of the weight.
     pub fn d_output(&self) -> usize {
         self.scale.dims()[0]
     }

@@ -10,15 +10,19 @@
 //! `ModuleOptimizer::step` over one parameter, seen at its path in the model.
 //!
 //! # How a model opts in
-//! In the forward pass, read each trained parameter through [`InBackward::param`] (or
-//! [`param_value`]) with the input of the layer that uses it as the *anchor*, instead of
-//! `param.val()`:
+//! In the forward pass, read each trained parameter through [`Routed::param`] with the input
+//! of the layer that uses it as the *anchor*, instead of `param.val()` ([`Routed`]'s layer
+//! methods do this for Burn's linear, embedding and RMSNorm and for this crate's layers):
 //!
 //! ```ignore
-//! let weight = in_backward.param(&linear.weight, &x);
-//! let bias = linear.bias.as_ref().map(|b| in_backward.param(b, &x));
+//! let route = Routed::new(Some(&in_backward)); // `None`: the plain forward pass
+//! let weight = route.param(&linear.weight, &x);
+//! let bias = linear.bias.as_ref().map(|b| route.param(b, &x));
 //! let y = burn::tensor::module::linear(x, weight, bias);
 //! ```
+//!
+//! [`Routed`]: crate::nn::Routed
+//! [`Routed::param`]: crate::nn::Routed::param
 //!
 //! The anchor only sets *when* the update runs: right after the layer's own backward step. A
 //! parameter used twice (tied weights) is updated once, after both uses' gradients are summed.
@@ -71,24 +75,29 @@ pub use learner::{InBackwardTraining, StepMemory};
 /// Why an in-backward step could not run.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum InBackwardError {
+    /// The loss was computed outside autodiff.
     #[error(
         "the loss does not track gradients: build the model on an autodiff device (`device.autodiff()`)"
     )]
     NotDifferentiable,
+    /// A second batch came before the first was stepped.
     #[error(
         "gradient accumulation cannot work with InBackward: each parameter is updated as soon as \
          one batch's gradient is complete, so the gradients of several batches are never summed; \
          remove the accumulation (use a bigger batch instead)"
     )]
     GradientAccumulation,
+    /// burn-train's checkpointers were given to a run that writes its own.
     #[error(
         "InBackwardTraining writes and reads its own checkpoints, one tensor at a time: give the \
          folder to `InBackwardTraining::with_checkpoints` instead of checkpointers to \
          `SupervisedTraining`"
     )]
     LearnerCheckpointer,
+    /// `step_deferred` with no deferred loss.
     #[error("no loss is waiting: call `InBackward::defer(loss)` in `TrainStep::step` first")]
     NothingDeferred,
+    /// Parameters read in the forward pass that the stepped model does not hold.
     #[error(
         "{0} parameter(s) were read through InBackward in the forward pass but are not in the \
          model given to the step, so their updates would be lost; nothing was updated"
@@ -121,7 +130,7 @@ impl std::fmt::Debug for InBackward {
 
 /// `param`'s value for a forward pass: through `in_backward` when there is one, else
 /// `param.val()`. For layers that train either way.
-pub fn param_value<const D: usize, const A: usize>(
+pub(crate) fn param_value<const D: usize, const A: usize>(
     in_backward: Option<&InBackward>,
     param: &Param<Tensor<D>>,
     anchor: &Tensor<A>,
@@ -206,6 +215,7 @@ impl StepState {
 }
 
 impl InBackward {
+    /// A decorator with no step running.
     pub fn new() -> Self {
         Self::default()
     }
@@ -216,17 +226,10 @@ impl InBackward {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// `param`'s value for a forward pass, routed so that its update runs in the backward pass,
-    /// right after the backward step of the layer whose input is `anchor`.
-    ///
-    /// Outside training (the anchor does not track gradients) or for a frozen parameter this is
-    /// `param.val()`. A first layer with no float input anchors on the parameter itself.
-    ///
-    /// Each call counts a use that the parameter's update waits for. A forward pass under
-    /// autodiff that is dropped without a backward pass leaves its uses counted until the next
-    /// [`Self::step`] ends, which then updates those parameters after backward instead of
-    /// during it: evaluate on `model.valid()` (no autodiff) instead.
-    pub fn param<const D: usize, const A: usize>(
+    /// `param`'s value with the hook that updates it in backward, after the backward step of
+    /// the layer whose input is `anchor`; the public way in is [`crate::nn::Routed::param`],
+    /// which documents it.
+    pub(crate) fn param<const D: usize, const A: usize>(
         &self,
         param: &Param<Tensor<D>>,
         anchor: &Tensor<A>,

@@ -4,27 +4,12 @@
 //! several `[chunk, vocab]` temporaries per chunk; these make none.
 
 use burn::backend::Flex;
-use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::prelude::*;
-use burn::tensor::{DType, FloatDType};
 use rayon::prelude::*;
 
-use super::RowLoss;
-
-/// Logits as contiguous f32 (a copy only for other dtypes or strided views).
-fn contiguous_f32(logits: FloatTensor<Flex>) -> FloatTensor<Flex> {
-    let logits = match logits.dtype() {
-        DType::F32 => logits,
-        _ => Flex::float_cast(logits, FloatDType::F32),
-    };
-    // A contiguous view as long as its storage starts where the storage does.
-    if logits.as_slice::<f32>().map(<[f32]>::len) == Some(logits.storage::<f32>().len()) {
-        logits
-    } else {
-        logits.to_contiguous()
-    }
-}
+use super::{FusedLinearCrossEntropyBackend, RowLoss};
+use crate::ops::flex::{cast_back, contiguous_f32};
 
 fn host_f32(t: FloatTensor<Flex>) -> Vec<f32> {
     t.into_data()
@@ -97,47 +82,46 @@ impl RowLoss {
     }
 }
 
-/// Loss `[rows]` and log-sum-exp `[rows]` (f32) of `logits` `[rows, vocab]`.
-pub(super) fn forward(
-    logits: FloatTensor<Flex>,
-    targets: IntTensor<Flex>,
-    row_loss: &RowLoss,
-) -> (FloatTensor<Flex>, FloatTensor<Flex>) {
-    let logits = contiguous_f32(logits);
-    let vocab = logits.layout().shape()[1];
-    let values = logits.as_slice::<f32>().expect("contiguous f32");
-    let (loss, lse) = values
-        .par_chunks(vocab)
-        .zip(host_targets(targets))
-        .map(|(row, target)| row_loss.row(row, target))
-        .unzip();
-    (rows_tensor(loss), rows_tensor(lse))
-}
+impl FusedLinearCrossEntropyBackend for Flex {
+    /// Loss `[rows]` and log-sum-exp `[rows]` (f32) of `logits` `[rows, vocab]`.
+    fn cross_entropy_rows_forward(
+        logits: FloatTensor<Flex>,
+        targets: IntTensor<Flex>,
+        row_loss: RowLoss,
+    ) -> (FloatTensor<Flex>, FloatTensor<Flex>) {
+        let logits = contiguous_f32(logits);
+        let vocab = logits.layout().shape()[1];
+        let values = logits.as_slice::<f32>().expect("contiguous f32");
+        let (loss, lse) = values
+            .par_chunks(vocab)
+            .zip(host_targets(targets))
+            .map(|(row, target)| row_loss.row(row, target))
+            .unzip();
+        (rows_tensor(loss), rows_tensor(lse))
+    }
 
-/// `∂loss/∂logits · d_loss[row]` `[rows, vocab]` in `logits`' dtype, in place when the logits
-/// are f32 and held by nobody else.
-pub(super) fn backward(
-    logits: FloatTensor<Flex>,
-    targets: IntTensor<Flex>,
-    lse: FloatTensor<Flex>,
-    d_loss: FloatTensor<Flex>,
-    row_loss: &RowLoss,
-) -> FloatTensor<Flex> {
-    let dtype = logits.dtype();
-    let mut grad = contiguous_f32(logits);
-    let vocab = grad.layout().shape()[1];
-    let rows = host_targets(targets)
-        .into_iter()
-        .zip(host_f32(lse))
-        .zip(host_f32(d_loss));
-    grad.storage_mut::<f32>()
-        .par_chunks_mut(vocab)
-        .zip(rows.collect::<Vec<_>>())
-        .for_each(|(row, ((target, lse), upstream))| {
-            row_loss.row_gradient(row, target, lse, upstream)
-        });
-    match dtype {
-        DType::F32 => grad,
-        dtype => Flex::float_cast(grad, dtype.into()),
+    /// `∂loss/∂logits · d_loss[row]` `[rows, vocab]` in `logits`' dtype, in place when the logits
+    /// are f32 and held by nobody else.
+    fn cross_entropy_rows_backward(
+        logits: FloatTensor<Flex>,
+        targets: IntTensor<Flex>,
+        lse: FloatTensor<Flex>,
+        d_loss: FloatTensor<Flex>,
+        row_loss: RowLoss,
+    ) -> FloatTensor<Flex> {
+        let dtype = logits.dtype();
+        let mut grad = contiguous_f32(logits);
+        let vocab = grad.layout().shape()[1];
+        let rows = host_targets(targets)
+            .into_iter()
+            .zip(host_f32(lse))
+            .zip(host_f32(d_loss));
+        grad.storage_mut::<f32>()
+            .par_chunks_mut(vocab)
+            .zip(rows.collect::<Vec<_>>())
+            .for_each(|(row, ((target, lse), upstream))| {
+                row_loss.row_gradient(row, target, lse, upstream)
+            });
+        cast_back(grad, dtype)
     }
 }

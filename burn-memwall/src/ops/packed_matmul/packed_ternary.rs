@@ -1,21 +1,14 @@
 //! Ternary weights packed 2 bits each for inference: the export of a trained
 //! [`crate::nn::TernaryLinear`] (one scale γ for every row) or [`crate::nn::CounterLinear`] (a
-//! scale per row). A weight `t ∈ {−1, 0, +1}` is stored as `t + 1` in bits `2i .. 2i + 2` of
-//! word `i / 16` of its row (16 weights per `u32` word, rows padded to whole words): 0.25 byte
-//! per weight, plus 4 bytes per row. Serde-serialisable, to be saved in any serde format.
+//! scale per row), in [`burn_memwall_codes::ternary`]'s code: 0.25 byte per weight, plus 4
+//! bytes per row. Serde-serialisable, to be saved in any serde format.
 
 use burn::prelude::*;
 use burn::tensor::DType;
+use burn_memwall_codes::PackedLayout;
+use burn_memwall_codes::ternary::{set_ternary, ternary_at, words_per_row};
 
-use super::packed_matmul::{PackedLayout, PackedWeight};
-
-/// Weights per `u32` word.
-pub const TERNARIES_PER_WORD: usize = 16;
-
-/// Words that hold a row of `d_input` ternaries.
-pub fn ternary_words_per_row(d_input: usize) -> usize {
-    d_input.div_ceil(TERNARIES_PER_WORD)
-}
+use super::PackedWeight;
 
 /// A `[d_output, d_input]` ternary weight and its row scales, packed: `W = diag(scales) · T`.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -36,7 +29,7 @@ impl PackedTernary {
         scales: Vec<f32>,
     ) -> Self {
         assert_eq!(scales.len(), d_output, "one scale per row");
-        let width = ternary_words_per_row(d_input);
+        let width = words_per_row(d_input);
         let mut words = vec![0u32; d_output * width];
         let mut count = 0;
         for (k, t) in ternaries.into_iter().enumerate() {
@@ -46,7 +39,7 @@ impl PackedTernary {
                 row < d_output,
                 "one ternary per weight: more than {d_output} rows"
             );
-            words[row * width + i / TERNARIES_PER_WORD] |= ((t + 1) as u32) << (2 * (i % 16));
+            set_ternary(&mut words[row * width..(row + 1) * width], i, t);
             count += 1;
         }
         assert_eq!(count, d_input * d_output, "one ternary per weight");
@@ -60,8 +53,8 @@ impl PackedTernary {
 
     /// `t` of weight `(row, i)`.
     pub fn ternary(&self, row: usize, i: usize) -> i32 {
-        let width = ternary_words_per_row(self.d_input);
-        PackedLayout::Ternary.ternary(&self.words[row * width..(row + 1) * width], i)
+        let width = words_per_row(self.d_input);
+        ternary_at(&self.words[row * width..(row + 1) * width], i)
     }
 
     /// The scale of each row, `[d_output]`.
@@ -69,14 +62,15 @@ impl PackedTernary {
         &self.scales
     }
 
-    /// The packed rows, `[d_output, ternary_words_per_row(d_input)]` row-major.
+    /// The packed rows, `[d_output, words_per_row(d_input)]` row-major (see
+    /// [`burn_memwall_codes::ternary`]).
     pub fn words(&self) -> &[u32] {
         &self.words
     }
 
     /// The weight on `device`, for products that decode it inside the matmul.
     pub fn to_device(&self, device: &Device) -> PackedWeight {
-        let width = ternary_words_per_row(self.d_input);
+        let width = words_per_row(self.d_input);
         PackedWeight {
             layout: PackedLayout::Ternary,
             d_input: self.d_input,

@@ -1,5 +1,6 @@
-//! The weight code of a counter synapse and its update rule, as plain Rust: the reference that
-//! the Flex path runs and that the CubeCL kernels mirror.
+//! The counter synapse: its weight code, its packing and its update rule, as plain Rust (the
+//! reference that the Flex path runs and that the CubeCL kernels mirror, reading the format
+//! through [`cube`]).
 //!
 //! Each weight is a pair `(t, c)`: a visible ternary `t ∈ {−1, 0, +1}` and a residual counter
 //! `c ∈ {−(C−1), …, C−1}`, one code `(t+1)(2C−1) + (c+C−1)`. With the counter limit `C = 11`
@@ -12,12 +13,20 @@
 //! A row is padded to a whole group with zero codes, so a row of `n_in` codes takes
 //! [`words_per_row`]`(n_in)` words. `u32` words, not bytes, because WGSL has no 8-bit type.
 
+#[cfg(feature = "cube")]
+#[allow(missing_docs)] // `#[cube]` adds an undocumented expansion module beside each function.
+pub mod cube;
+#[cfg(test)]
+mod tests;
+
 /// Codes in one group of [`WORDS_PER_GROUP`] words.
 pub const CODES_PER_GROUP: usize = 16;
 /// Words of one group of [`CODES_PER_GROUP`] codes.
 pub const WORDS_PER_GROUP: usize = 3;
 /// Bits of one code.
 pub const CODE_BITS: usize = 6;
+/// The bits of one code, as a mask.
+pub const CODE_MASK: u32 = (1 << CODE_BITS) - 1;
 /// The largest counter limit whose `3(2C−1)` states fit in [`CODE_BITS`] bits.
 pub const MAX_COUNTER_LIMIT: i32 = 11;
 
@@ -33,6 +42,7 @@ pub enum CounterCodeError {
         "counter limit {0} is out of range: C must be in 2..={MAX_COUNTER_LIMIT}, so that the \
          3(2C-1) states of a weight fit in {CODE_BITS} bits"
     )]
+    /// The limit asked for, outside `2..=MAX_COUNTER_LIMIT`.
     Limit(i32),
 }
 
@@ -43,6 +53,7 @@ pub struct CounterCode {
 }
 
 impl CounterCode {
+    /// The code of limit `limit`, or why it cannot be built.
     pub fn new(limit: i32) -> Result<Self, CounterCodeError> {
         if (2..=MAX_COUNTER_LIMIT).contains(&limit) {
             Ok(Self { limit })
@@ -61,7 +72,8 @@ impl CounterCode {
         3 * self.counter_states() as u32
     }
 
-    fn counter_states(self) -> i32 {
+    /// Codes per value of the ternary: `2C−1`.
+    pub fn counter_states(self) -> i32 {
         2 * self.limit - 1
     }
 
@@ -105,7 +117,7 @@ pub fn code_at(words: &[u32], i: usize) -> u32 {
     if shift + CODE_BITS > 32 {
         bits |= words[word + 1] << (32 - shift);
     }
-    bits & ((1 << CODE_BITS) - 1)
+    bits & CODE_MASK
 }
 
 /// The first `n` codes of a packed row, in order, a group of 16 read at a time.
@@ -114,19 +126,55 @@ pub fn row_codes(words: &[u32], n: usize) -> impl Iterator<Item = u32> + '_ {
         .chunks_exact(WORDS_PER_GROUP)
         .flat_map(|w| {
             let bits = group_bits(w);
-            (0..CODES_PER_GROUP).map(move |k| (bits >> (CODE_BITS * k)) as u32 & 63)
+            (0..CODES_PER_GROUP).map(move |k| (bits >> (CODE_BITS * k)) as u32 & CODE_MASK)
         })
         .take(n)
 }
 
 /// The 96 bits of one group's 3 words, code `k` at bits `6k .. 6k + 6`.
-pub(crate) fn group_bits(words: &[u32]) -> u128 {
+fn group_bits(words: &[u32]) -> u128 {
     words[0] as u128 | (words[1] as u128) << 32 | (words[2] as u128) << 64
+}
+
+/// Writes a group's 96 bits back to its 3 words.
+fn set_group_bits(words: &mut [u32], bits: u128) {
+    words[0] = bits as u32;
+    words[1] = (bits >> 32) as u32;
+    words[2] = (bits >> 64) as u32;
+}
+
+/// `scale · t` of the row packed in `words`, into `out` (`[n_in]`), a group of 16 at a time
+/// through a table of the values a code can take.
+pub fn decode_row(code: CounterCode, words: &[u32], scale: f32, out: &mut [f32]) {
+    let values: [f32; 1 << CODE_BITS] =
+        std::array::from_fn(|k| scale * code.ternary(k as u32) as f32);
+    for (group, words) in out
+        .chunks_mut(CODES_PER_GROUP)
+        .zip(words.chunks_exact(WORDS_PER_GROUP))
+    {
+        let bits = group_bits(words);
+        for (k, w) in group.iter_mut().enumerate() {
+            *w = values[(bits >> (CODE_BITS * k)) as usize & CODE_MASK as usize];
+        }
+    }
+}
+
+/// A row of latent weights `weights` encoded into `words` (`words_per_row(weights.len())`):
+/// the row's scale is its mean absolute weight (within [`SCALE_MIN`]`..=`[`SCALE_MAX`]), and
+/// each weight's `(t, c)` the nearest `t + c/C` to `w / s`. Returns the scale.
+pub fn encode_row(code: CounterCode, weights: &[f32], words: &mut [u32]) -> f32 {
+    let mean_abs = weights.iter().map(|w| w.abs()).sum::<f32>() / weights.len() as f32;
+    let scale = mean_abs.clamp(SCALE_MIN, SCALE_MAX);
+    for (i, w) in weights.iter().enumerate() {
+        let (t, c) = code.nearest(w / scale);
+        set_code(words, i, code.encode(t, c));
+    }
+    scale
 }
 
 /// Writes `code` as code `i` of a packed row.
 pub fn set_code(words: &mut [u32], i: usize, code: u32) {
-    let mask = (1u32 << CODE_BITS) - 1;
+    let mask = CODE_MASK;
     let code = code & mask;
     let bit = i * CODE_BITS;
     let (word, shift) = (bit / 32, bit % 32);
@@ -137,18 +185,20 @@ pub fn set_code(words: &mut [u32], i: usize, code: u32) {
     }
 }
 
-/// A uniform number in `[0, 1)` from a counter-based hash of `(seed, step, element)`: the same
-/// key gives the same number on every device and every data-parallel replica, with no state.
-pub fn uniform(seed: u32, step: u32, element: u32) -> f32 {
-    keyed_uniform(rounding_key(seed, step), element)
+/// The stochastic rounding's uniform number of `element` under an update's [`rounding_key`]:
+/// a number in `[0, 1)` from a counter-based hash of `(seed, step, element)`, so the same key
+/// gives the same number on every device and every data-parallel replica, with no state.
+pub(crate) fn keyed_uniform(key: u32, element: u32) -> f32 {
+    (pcg_hash(element ^ key) >> (32 - UNIFORM_BITS)) as f32 * UNIFORM_UNIT
 }
 
-/// [`uniform`] from the update's [`rounding_key`].
-fn keyed_uniform(key: u32, element: u32) -> f32 {
-    (pcg_hash(element ^ key) >> 8) as f32 * (1.0 / (1u32 << 24) as f32)
-}
+/// The bits of the hash that make a uniform number: all that an f32 holds exactly.
+pub const UNIFORM_BITS: u32 = 24;
+/// The uniform number's resolution, `2^−UNIFORM_BITS`.
+pub const UNIFORM_UNIT: f32 = 1.0 / (1u32 << UNIFORM_BITS) as f32;
 
-/// The part of [`uniform`]'s hash that one update shares across its elements.
+/// The part of [`keyed_uniform`]'s hash that one update (`seed`, `step`) shares across its
+/// elements.
 pub fn rounding_key(seed: u32, step: u32) -> u32 {
     pcg_hash(step ^ pcg_hash(seed))
 }
@@ -156,10 +206,19 @@ pub fn rounding_key(seed: u32, step: u32) -> u32 {
 /// The PCG-RXS-M-XS output permutation of one LCG step (Jarzynski & Olano, "Hash Functions for
 /// GPU Rendering", 2020): cheap, and good enough for stochastic rounding.
 fn pcg_hash(input: u32) -> u32 {
-    let state = input.wrapping_mul(747_796_405).wrapping_add(2_891_336_453);
-    let word = ((state >> ((state >> 28) + 4)) ^ state).wrapping_mul(277_803_737);
+    let state = input
+        .wrapping_mul(PCG_MULTIPLIER)
+        .wrapping_add(PCG_INCREMENT);
+    let word = ((state >> ((state >> 28) + 4)) ^ state).wrapping_mul(PCG_OUTPUT_MULTIPLIER);
     (word >> 22) ^ word
 }
+
+/// The LCG step's multiplier in [`pcg_hash`].
+pub const PCG_MULTIPLIER: u32 = 747_796_405;
+/// The LCG step's increment in [`pcg_hash`].
+pub const PCG_INCREMENT: u32 = 2_891_336_453;
+/// The output permutation's multiplier in [`pcg_hash`].
+pub const PCG_OUTPUT_MULTIPLIER: u32 = 277_803_737;
 
 /// The hyper-parameters of the counter update.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -185,13 +244,15 @@ pub fn bias_correction(beta: f32, step: u32) -> f32 {
 /// kernel.
 pub const STATISTIC_LANES: usize = 64;
 
-/// The row scale's bounds.
-pub const SCALE_RANGE: (f32, f32) = (1e-5, 10.0);
+/// The row scale's lower bound.
+pub const SCALE_MIN: f32 = 1e-5;
+/// The row scale's upper bound.
+pub const SCALE_MAX: f32 = 10.0;
 
 /// What the update of one row needs besides its codes: its gradient's statistics, from which
 /// every element's tick follows.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RowStep {
+pub(crate) struct RowStep {
     /// `D = max(√(v / (1 − β^(step+1))), ε)` after this step's `v`.
     pub rms: f32,
     /// `s` before the step.
@@ -205,9 +266,8 @@ pub struct RowStep {
 ///
 /// `D` divides `v` by `1 − β^(step+1)`, as Adam corrects its second moment: `v` starts at zero,
 /// and without the correction the first steps would be up to `1/√(1−β)` times too long (10× at
-/// β = 0.99). The issue's rule reads `D = max(√v, ε)`; this is that rule once `β^step` has
-/// vanished.
-pub fn row_step(
+/// β = 0.99). Once `β^step` has vanished this is `D = max(√v, ε)`.
+pub(crate) fn row_step(
     hyper: &CounterHyper,
     step: u32,
     gradient: &[f32],
@@ -234,8 +294,8 @@ pub fn row_step(
     let (square_sum, aligned) = (squares[0], aligns[0]);
     *mean_square = hyper.beta * *mean_square + (1.0 - hyper.beta) * square_sum / n_in;
     let old_scale = *scale;
-    *scale = (old_scale - hyper.scale_learning_rate * aligned / n_in.sqrt())
-        .clamp(SCALE_RANGE.0, SCALE_RANGE.1);
+    *scale =
+        (old_scale - hyper.scale_learning_rate * aligned / n_in.sqrt()).clamp(SCALE_MIN, SCALE_MAX);
     RowStep {
         rms: (*mean_square / bias_correction(hyper.beta, step))
             .sqrt()
@@ -249,7 +309,7 @@ pub fn row_step(
 /// `Δ = −η (g/D)(C/s')` on the counter rebased to the new scale (`c·s/s'`), stochastic
 /// rounding, and the carry into `t` (at the wall, `t` stays and the counter is pinned to
 /// `±(C−1)`).
-pub fn tick(
+pub(crate) fn tick(
     code: CounterCode,
     learning_rate: f32,
     row: &RowStep,
@@ -312,13 +372,11 @@ pub fn update_row(
         for k in 0..CODES_PER_GROUP.min(n_in.saturating_sub(start)) {
             let i = start + k;
             let shift = CODE_BITS * k;
-            let state = code.decode((bits >> shift) as u32 & 63);
+            let state = code.decode((bits >> shift) as u32 & CODE_MASK);
             let u = keyed_uniform(key, first.wrapping_add(i as u32));
             let (t, c) = tick(code, hyper.learning_rate, &stats, state, gradient[i], u);
-            bits = (bits & !(63u128 << shift)) | (code.encode(t, c) as u128) << shift;
+            bits = (bits & !((CODE_MASK as u128) << shift)) | (code.encode(t, c) as u128) << shift;
         }
-        words[0] = bits as u32;
-        words[1] = (bits >> 32) as u32;
-        words[2] = (bits >> 64) as u32;
+        set_group_bits(words, bits);
     }
 }

@@ -1,12 +1,14 @@
-//! The counter synapse's code, packing, hash RNG and update rule (`ops::counter_code`), against
-//! independent references: every `(t, c)` round-trips, packing matches a bit-by-bit packer, the
-//! stochastic rounding is unbiased (and the test tells plain rounding apart), and the carry
-//! behaves at the walls.
+//! The counter synapse's code, packing, hash RNG and update rule, against independent
+//! references: every `(t, c)` round-trips, packing matches a bit-by-bit packer, the stochastic
+//! rounding is unbiased (and the test tells plain rounding apart), and the carry behaves at the
+//! walls.
 
-use burn_memwall::ops::counter_code::{
-    CODE_BITS, CounterCode, CounterCodeError, CounterHyper, MAX_COUNTER_LIMIT, RowStep,
-    bias_correction, code_at, row_step, set_code, tick, uniform, update_row, words_per_row,
-};
+use super::*;
+
+/// The rounding's uniform number of `element` at `step` under `seed`.
+fn uniform(seed: u32, step: u32, element: u32) -> f32 {
+    keyed_uniform(rounding_key(seed, step), element)
+}
 
 #[test]
 fn every_state_round_trips_for_every_limit() {
@@ -296,4 +298,23 @@ fn stochastic_rounding_is_unbiased() {
         biased.count() > n_in / 2,
         "plain rounding must fail the unbiasedness bound"
     );
+}
+
+#[test]
+fn a_row_encodes_to_its_mean_absolute_scale_and_nearest_states() {
+    let code = CounterCode::new(11).unwrap();
+    let weights = [0.3f32, -0.9, 0.05, 1.2, -0.4];
+    let mut words = vec![0u32; words_per_row(weights.len())];
+    let scale = encode_row(code, &weights, &mut words);
+    assert!((scale - 0.57).abs() < 1e-6, "{scale}");
+    // w / s = 0.526, −1.579, 0.088, 2.105 (past the wall), −0.702, by hand.
+    let want = [(1, -5), (-1, -6), (0, 1), (1, 10), (-1, 3)];
+    let got: Vec<(i32, i32)> = (0..5).map(|i| code.decode(code_at(&words, i))).collect();
+    assert_eq!(got, want);
+    let mut dense = vec![f32::NAN; weights.len()];
+    decode_row(code, &words, scale, &mut dense);
+    let ternaries: Vec<f32> = want.iter().map(|(t, _)| scale * *t as f32).collect();
+    assert_eq!(dense, ternaries);
+    // An all-zero row takes the smallest scale, not a division by zero.
+    assert_eq!(encode_row(code, &[0.0; 3], &mut [0; 3]), SCALE_MIN);
 }

@@ -1,0 +1,58 @@
+//! The Flex path: the tiled algorithm of `tiled.rs`, on Flex's tensors computed in f32.
+
+use burn::backend::Flex;
+use burn::backend::tensor::{BoolTensor, FloatTensor};
+use burn::tensor::DType;
+
+use super::{FlashAttentionBackend, FlashAttentionOptions, tiled};
+use crate::ops::flex::{bool, float, primitive};
+
+impl FlashAttentionBackend for Flex {
+    fn flash_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_padding_mask: BoolTensor<Self>,
+        options: FlashAttentionOptions,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let dtype = q.dtype();
+        let (out, lse) = tiled::forward(
+            float(q),
+            float(k),
+            float(v),
+            Some(bool(key_padding_mask)),
+            options,
+        )
+        .unwrap_or_else(|error| panic!("{error}"));
+        (primitive(out, dtype), primitive(lse, DType::F32))
+    }
+
+    fn flash_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_padding_mask: BoolTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        options: FlashAttentionOptions,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let dtype = q.dtype();
+        let (dq, dk, dv) = tiled::backward(
+            float(q),
+            float(k),
+            float(v),
+            Some(bool(key_padding_mask)),
+            float(out),
+            float(lse),
+            float(d_out),
+            options,
+        )
+        .unwrap_or_else(|error| panic!("{error}"));
+        (
+            primitive(dq, dtype),
+            primitive(dk, dtype),
+            primitive(dv, dtype),
+        )
+    }
+}
