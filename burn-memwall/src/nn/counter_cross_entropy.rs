@@ -16,7 +16,7 @@ use burn::tensor::{FloatDType, IndexingUpdateOp};
 
 use super::CounterWeights;
 use crate::ops::fused_linear_cross_entropy::{
-    FusedCrossEntropyError, FusedCrossEntropyOptions, Reduction, kept_rows,
+    FusedCrossEntropyError, FusedCrossEntropyOptions, Reduction, check_shapes, kept_rows,
 };
 use crate::ops::handwritten_backward::{BackwardContext, HandwrittenBackward, attach_backward};
 use crate::ops::packed_matmul::PackedWeight;
@@ -59,25 +59,9 @@ pub(super) fn counter_cross_entropy(
         return refuse("per-token losses (Reduction::None): its loss is reduced, Mean or Sum");
     }
     let weight = head.packed();
-    let ([tokens, d], vocab) = (hidden.dims(), weight.d_output());
-    if d != weight.d_input {
-        return Err(FusedCrossEntropyError::Width {
-            hidden: hidden.dims().to_vec(),
-            weight: vec![vocab, weight.d_input],
-        });
-    }
-    if targets.dims() != [tokens] {
-        return Err(FusedCrossEntropyError::Targets {
-            targets: targets.dims().to_vec(),
-            hidden: hidden.dims().to_vec(),
-        });
-    }
-    if tokens == 0 {
-        return Err(FusedCrossEntropyError::Empty {
-            hidden: hidden.dims().to_vec(),
-            weight: vec![vocab, weight.d_input],
-        });
-    }
+    let vocab = weight.d_output();
+    check_shapes(hidden.dims(), [vocab, weight.d_input], None, targets.dims())?;
+    let [tokens, _] = hidden.dims();
     let (rows, kept_targets) = kept_rows(&targets, vocab, options.ignore_index)?;
     let kept = rows.len();
     if kept == 0 {

@@ -275,33 +275,13 @@ pub(crate) fn fused_loss(
     options: &FusedCrossEntropyOptions,
     row_loss: RowLoss,
 ) -> Result<Tensor<1>, FusedCrossEntropyError> {
-    let ([tokens, d], [vocab, d_weight]) = (hidden.dims(), weight.dims());
-    if d != d_weight {
-        return Err(FusedCrossEntropyError::Width {
-            hidden: hidden.dims().to_vec(),
-            weight: weight.dims().to_vec(),
-        });
-    }
-    if let Some(bias) = &bias
-        && bias.dims() != [vocab]
-    {
-        return Err(FusedCrossEntropyError::Bias {
-            bias: bias.dims().to_vec(),
-            vocab,
-        });
-    }
-    if targets.dims() != [tokens] {
-        return Err(FusedCrossEntropyError::Targets {
-            targets: targets.dims().to_vec(),
-            hidden: hidden.dims().to_vec(),
-        });
-    }
-    if tokens == 0 || vocab == 0 {
-        return Err(FusedCrossEntropyError::Empty {
-            hidden: hidden.dims().to_vec(),
-            weight: weight.dims().to_vec(),
-        });
-    }
+    check_shapes(
+        hidden.dims(),
+        weight.dims(),
+        bias.as_ref().map(Tensor::dims),
+        targets.dims(),
+    )?;
+    let ([tokens, _], [vocab, _]) = (hidden.dims(), weight.dims());
     let chunk = options
         .chunk_size
         .unwrap_or(DEFAULT_CHUNK_TOKENS.min(MAX_CHUNK_LOGITS / vocab))
@@ -337,6 +317,44 @@ pub(crate) fn fused_loss(
         upload(kept_targets).into_dispatch(),
         plan,
     )))
+}
+
+/// Checks `hidden` `[tokens ≥ 1, d]`, a head's `weight` `[vocab ≥ 1, d]` and `bias` `[vocab]`,
+/// and `targets` `[tokens]`: the shapes of every head's loss, dense or coded.
+pub(crate) fn check_shapes(
+    hidden: [usize; 2],
+    weight: [usize; 2],
+    bias: Option<[usize; 1]>,
+    targets: [usize; 1],
+) -> Result<(), FusedCrossEntropyError> {
+    let ([tokens, d], [vocab, d_weight]) = (hidden, weight);
+    if d != d_weight {
+        return Err(FusedCrossEntropyError::Width {
+            hidden: hidden.to_vec(),
+            weight: weight.to_vec(),
+        });
+    }
+    if let Some(bias) = bias
+        && bias != [vocab]
+    {
+        return Err(FusedCrossEntropyError::Bias {
+            bias: bias.to_vec(),
+            vocab,
+        });
+    }
+    if targets != [tokens] {
+        return Err(FusedCrossEntropyError::Targets {
+            targets: targets.to_vec(),
+            hidden: hidden.to_vec(),
+        });
+    }
+    if tokens == 0 || vocab == 0 {
+        return Err(FusedCrossEntropyError::Empty {
+            hidden: hidden.to_vec(),
+            weight: weight.to_vec(),
+        });
+    }
+    Ok(())
 }
 
 /// [`try_fused_linear_cross_entropy`] for inputs known to fit.
