@@ -27,7 +27,8 @@ use burn_memwall::codes::counter::{
 };
 use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, human_bytes};
-use burn_memwall::ops::counter_linear::{CounterTensors, HostWeights};
+use burn_memwall::nn::HostWeights;
+use burn_memwall::ops::counter_linear::CounterTensors;
 use burn_memwall::optim::FusedAdamWConfig;
 use clap::Parser;
 use serde::{Deserialize, Serialize};

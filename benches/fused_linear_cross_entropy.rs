@@ -23,9 +23,10 @@ use burn::tensor::Distribution;
 use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, human_bytes};
+use burn_memwall::nn::GradientPass;
 use burn_memwall::nn::{CounterLinearConfig, FusedLinearCrossEntropyLossConfig};
 use burn_memwall::ops::fused_linear_cross_entropy::{
-    FusedCrossEntropyOptions, GradientPass, fused_linear_cross_entropy,
+    FusedCrossEntropyOptions, fused_linear_cross_entropy,
 };
 use clap::Parser;
 use serde::{Deserialize, Serialize};

@@ -174,7 +174,7 @@ fn refuses_what_it_cannot_compute() {
     let device = Device::flex();
     let with_dropout = MultiHeadAttentionConfig::new(D_MODEL, HEADS).init(&device);
     let error = FlashMultiHeadAttention::try_from(with_dropout).unwrap_err();
-    assert_eq!(error, FlashMhaError::WeightDropout("0.1".into()));
+    assert_eq!(error, FlashMhaError::WeightDropout { prob: 0.1 });
     assert!(error.to_string().contains("set the config's dropout to 0"));
     let quiet = config().with_quiet_softmax(true).init(&device);
     assert_eq!(

@@ -9,10 +9,10 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::prelude::*;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{DType, Distribution};
-use burn_memwall::nn::FusedLinearCrossEntropyLossConfig;
+use burn_memwall::nn::{FusedLinearCrossEntropyLossConfig, GradientPass, Reduction};
 use burn_memwall::ops::fused_linear_cross_entropy::{
-    FusedCrossEntropyError, FusedCrossEntropyOptions, GradientPass, Reduction,
-    fused_linear_cross_entropy, try_fused_linear_cross_entropy,
+    FusedCrossEntropyError, FusedCrossEntropyOptions, fused_linear_cross_entropy,
+    try_fused_linear_cross_entropy,
 };
 
 #[derive(Clone, Debug)]

@@ -163,7 +163,7 @@ fn a_fused_step_writes_in_place() {
             let live = CountingAllocator::live_bytes();
             CountingAllocator::reset_peak();
             model = optimizer.step(1e-3, model, grads);
-            let _ = model.val().slice([0..1]).into_data();
+            let _ = model.val().slice(0..1).into_data();
             if step == 1 {
                 return (CountingAllocator::peak_bytes() - live) as f64 / bytes;
             }

@@ -93,7 +93,10 @@ fn train(model: TiedNet, optimizer: &mut ModuleOptimizer, step: usize, device: &
     .expect("a training step")
 }
 
-fn optimizers() -> Vec<(&'static str, fn() -> ModuleOptimizer)> {
+/// A named way to build a fresh optimizer.
+type NamedOptimizer = (&'static str, fn() -> ModuleOptimizer);
+
+fn optimizers() -> Vec<NamedOptimizer> {
     vec![
         ("adamw", || {
             AdamWConfig::new()

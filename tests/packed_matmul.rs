@@ -8,7 +8,8 @@ mod common;
 use burn::prelude::*;
 use burn::tensor::DType;
 use burn_memwall::codes::PackedLayout;
-use burn_memwall::ops::packed_matmul::{BLOCK_WEIGHTS, PackedWeight};
+use burn_memwall::nn::PackedWeight;
+use burn_memwall::ops::packed_matmul::BLOCK_WEIGHTS;
 use common::packed_weight::{HostWeight, layouts};
 use common::{assert_close, devices, host_tensor, rows_of};
 
@@ -42,7 +43,7 @@ fn both_products_match_a_host_reference() {
         (150, 100, 270),
         (3, 600, 500),
     ];
-    assert!(600 * 500 > BLOCK_WEIGHTS);
+    const { assert!(600 * 500 > BLOCK_WEIGHTS) };
     for device in devices() {
         for (m, d_input, d_output) in shapes {
             let host = HostWeight::new(d_input, d_output, (m * d_input + d_output) as u64);

@@ -49,7 +49,7 @@ pub mod cube {
 
     use super::{TERNARIES_PER_WORD, TERNARY_BITS, TERNARY_MASK};
 
-    /// `t + 1` of weight `i` of the row whose words start at `base` ([`super::ternary_at`]).
+    /// `t + 1` of weight `i` of the row whose words start at `base` ([`crate::ternary::ternary_at`]).
     #[cube]
     pub fn ternary_plus_one_at(codes: &Tensor<u32>, base: usize, i: u32) -> u32 {
         let word = codes[base + usize::cast_from(i / TERNARIES_PER_WORD as u32)];

@@ -23,7 +23,7 @@ pub fn adamw_update_kernel<F: Float>(
     learning_rate: f32,
     #[define(F)] _dtype: ElemType,
 ) {
-    let i = ABSOLUTE_POS as usize;
+    let i = ABSOLUTE_POS;
     if i >= param.len() {
         terminate!();
     }

@@ -3,7 +3,7 @@
 //! The code's format (its bits, its packing, `(t, c)`) and the rounding's hash are read through
 //! [`burn_memwall_codes::counter::cube`], the same home as the host's.
 //!
-//! [`counter_update_kernel`] runs the whole update of a block of rows in one pass, one cube of
+//! [`counter_update_kernel()`] runs the whole update of a block of rows in one pass, one cube of
 //! `lanes` units per row: the row's statistics (partial sums per unit, then a tree, in the
 //! order of the reference), then each unit ticks its own groups of codes in place. The
 //! products with the weight are [`crate::packed_matmul`]'s.
@@ -21,7 +21,12 @@ use cubecl::prelude::*;
 /// `u = hash(element ^ key)` (`key` = the hash of the seed and step, from the host), and the
 /// carry into `t`, pinned at the wall. `cube_count = (rows, 1, 1)`, `cube_dim = (lanes, 1, 1)`
 /// with `lanes` a power of two (`counter::STATISTIC_LANES`, for the reference's order).
-#[allow(clippy::too_many_arguments)]
+// `div_ceil` and `RangeInclusive::contains` have no cube expansion.
+#[allow(
+    clippy::too_many_arguments,
+    clippy::manual_div_ceil,
+    clippy::manual_range_contains
+)]
 #[cube(launch)]
 pub fn counter_update_kernel(
     codes: &mut Tensor<u32>,

@@ -7,9 +7,9 @@
 //! `∂loss/∂y_j = softmax(y)_j·(1 + 2λ·lse) − ε / vocab − (1 − ε)·[j = t]`.
 //!
 //! Launch: `cube_dim = (units, 1, 1)` with `units` a power of two, `cube_count = (rows, 1, 1)`.
-//! - [`cross_entropy_rows_forward_kernel`]: loss and log-sum-exp of every row, in one read of
+//! - [`cross_entropy_rows_forward_kernel()`]: loss and log-sum-exp of every row, in one read of
 //!   the row (an online log-sum-exp per unit, then a tree over the cube's units);
-//! - [`cross_entropy_rows_backward_kernel`]: overwrites each logit with its gradient, scaled by
+//! - [`cross_entropy_rows_backward_kernel()`]: overwrites each logit with its gradient, scaled by
 //!   the row's upstream gradient, from the saved log-sum-exp.
 //!
 //! Layouts: logits read through their strides; targets `[rows]` in f32 (exact below 2²⁴);

@@ -10,11 +10,11 @@
 //!
 //! Launch: `cube_dim = (units, 1, 1)`, `cube_count = (⌈rows in the sequence / (units · rows)⌉,
 //! pairs, 1)` with the sequence and the pairs as each kernel says.
-//! - [`flash_attention_forward_kernel`]: a query row, walking its visible keys with an online
+//! - [`flash_attention_forward_kernel()`]: a query row, walking its visible keys with an online
 //!   softmax; writes the output row and the row's log-sum-exp;
-//! - [`flash_attention_query_grad_kernel`]: a query row again, recomputing each probability from
+//! - [`flash_attention_query_grad_kernel()`]: a query row again, recomputing each probability from
 //!   the log-sum-exp; writes dQ and `delta = rowsum(dO ∘ O)`;
-//! - [`flash_attention_key_grad_kernel`]: a key row, walking every query (of every head of its
+//! - [`flash_attention_key_grad_kernel()`]: a key row, walking every query (of every head of its
 //!   group) that sees it; writes dK and dV. Splitting dQ from dK/dV is FlashAttention-2's way
 //!   to avoid atomics: each output row has exactly one writer.
 //!
@@ -25,6 +25,9 @@
 //!
 //! Visibility: query `i` sits at key position `i + offset` (`offset = s_k − s_q`, a KV cache's
 //! alignment). Causal: keys up to that position. `window > 0`: only the last `window` of them.
+//!
+//! Every kernel takes the same [`AttentionArgs`]: the scalars of one attention, runtime and
+//! comptime together, so that a new option is one field rather than a parameter in each kernel.
 
 use cubecl::prelude::*;
 
@@ -38,12 +41,52 @@ pub const EMPTY_ROW_LSE: f32 = 3.0e38;
 /// Below every real score, so the first visible key always becomes the running maximum.
 const NO_SCORE: f32 = -3.0e38;
 
+/// The scalars of one attention, shared by its three kernels.
+#[derive(CubeType, CubeLaunch, Clone)]
+pub struct AttentionArgs {
+    /// Multiplies `q · k` before the soft-cap.
+    pub scale: f32,
+    /// The `c` of `c · tanh(s / c)`; read only when `softcapped`.
+    pub softcap: f32,
+    /// `s_k − s_q`: the key position of query 0.
+    pub offset: i32,
+    /// How many keys back from its own position a query sees; 0 for no window.
+    pub window: u32,
+    /// Width of the q and k rows.
+    #[cube(comptime)]
+    pub d: usize,
+    /// Width of the v rows.
+    #[cube(comptime)]
+    pub d_v: usize,
+    /// Rows each unit owns.
+    #[cube(comptime)]
+    pub rows: usize,
+    /// Keys up to the query's position only; set whenever `window > 0`, whose bounds rely on it.
+    #[cube(comptime)]
+    pub causal: bool,
+    /// Whether the scores are soft-capped.
+    #[cube(comptime)]
+    pub softcapped: bool,
+}
+
+/// The score of a dot product `q · k`: scaled, then soft-capped when asked.
+#[cube]
+fn score(dot: f32, args: &AttentionArgs) -> f32 {
+    soft_cap(dot * args.scale, args.softcap, args.softcapped.comptime())
+}
+
+/// `∂score/∂(scaled dot)` written with the score itself.
+#[cube]
+fn score_slope(score: f32, args: &AttentionArgs) -> f32 {
+    soft_cap_slope(score, args.softcap, args.softcapped.comptime())
+}
+
 /// First key that query `query` sees.
 #[cube]
-fn first_key(query: usize, offset: i32, window: u32) -> usize {
+fn first_key(query: usize, args: &AttentionArgs) -> usize {
     let mut first = 0i32;
-    if window > 0 {
-        first = i32::cast_from(query) + offset - i32::cast_from(window) + 1;
+    if args.window > 0 {
+        first = i32::cast_from(query) + args.offset - i32::cast_from(args.window) + 1;
     }
     if first < 0 {
         first = 0;
@@ -53,10 +96,10 @@ fn first_key(query: usize, offset: i32, window: u32) -> usize {
 
 /// One past the last key that query `query` sees.
 #[cube]
-fn end_key(query: usize, s_k: usize, offset: i32, #[comptime] causal: bool) -> usize {
+fn end_key(query: usize, s_k: usize, args: &AttentionArgs) -> usize {
     let mut end = s_k;
-    if causal {
-        let mut last = i32::cast_from(query) + offset + 1;
+    if args.causal.comptime() {
+        let mut last = i32::cast_from(query) + args.offset + 1;
         if last < 0 {
             last = 0;
         }
@@ -67,23 +110,16 @@ fn end_key(query: usize, s_k: usize, offset: i32, #[comptime] causal: bool) -> u
 
 /// Whether query `query` sees key `key` by position.
 #[cube]
-fn sees(
-    query: usize,
-    key: usize,
-    s_k: usize,
-    offset: i32,
-    window: u32,
-    #[comptime] causal: bool,
-) -> bool {
-    key >= first_key(query, offset, window) && key < end_key(query, s_k, offset, causal)
+fn sees(query: usize, key: usize, s_k: usize, args: &AttentionArgs) -> bool {
+    key >= first_key(query, args) && key < end_key(query, s_k, args)
 }
 
 /// First query that sees key `key` (the inverse of [`end_key`]).
 #[cube]
-fn first_query(key: usize, offset: i32, #[comptime] causal: bool) -> usize {
+fn first_query(key: usize, args: &AttentionArgs) -> usize {
     let mut first = 0i32;
-    if causal {
-        first = i32::cast_from(key) - offset;
+    if args.causal.comptime() {
+        first = i32::cast_from(key) - args.offset;
     }
     if first < 0 {
         first = 0;
@@ -93,10 +129,10 @@ fn first_query(key: usize, offset: i32, #[comptime] causal: bool) -> usize {
 
 /// One past the last query that sees key `key` (the inverse of [`first_key`]).
 #[cube]
-fn end_query(key: usize, s_q: usize, offset: i32, window: u32) -> usize {
+fn end_query(key: usize, s_q: usize, args: &AttentionArgs) -> usize {
     let mut end = s_q;
-    if window > 0 {
-        let mut last = i32::cast_from(key) - offset + i32::cast_from(window);
+    if args.window > 0 {
+        let mut last = i32::cast_from(key) - args.offset + i32::cast_from(args.window);
         if last < 0 {
             last = 0;
         }
@@ -251,7 +287,6 @@ fn add_outer<F: Float>(
 }
 
 /// Output rows and log-sum-exps of query rows. Sequence: `s_q`; pairs: `batch · heads`.
-#[allow(clippy::too_many_arguments)]
 #[cube(launch)]
 pub fn flash_attention_forward_kernel<F: Float>(
     q: &Tensor<F>,
@@ -260,17 +295,10 @@ pub fn flash_attention_forward_kernel<F: Float>(
     hidden: &Tensor<f32>,
     out: &mut Tensor<F>,
     lse: &mut Tensor<f32>,
-    scale: f32,
-    softcap: f32,
-    offset: i32,
-    window: u32,
-    #[comptime] d: usize,
-    #[comptime] d_v: usize,
-    #[comptime] rows: usize,
-    #[comptime] causal: bool,
-    #[comptime] softcapped: bool,
+    args: &AttentionArgs,
     #[define(F)] _dtype: ElemType,
 ) {
+    let (d, d_v, rows) = (args.d.comptime(), args.d_v.comptime(), args.rows.comptime());
     let (heads, s_k) = (q.shape(1), k.shape(2));
     let tile = tile(q.shape(2), rows);
     let (batch, head) = (tile.pair / heads, tile.pair % heads);
@@ -281,13 +309,13 @@ pub fn flash_attention_forward_kernel<F: Float>(
     let mut max = filled(f32::new(NO_SCORE), rows);
     let mut sum = filled(0.0f32, rows);
     let mut p = Array::<f32>::new(rows);
-    for j in first_key(tile.first, offset, window)..end_key(tile.last, s_k, offset, causal) {
+    for j in first_key(tile.first, args)..end_key(tile.last, s_k, args) {
         let key_shown = hidden[batch * s_k + j] == 0.0f32;
         dots(&q_rows, k, row_at(k, batch, kv_head, j), &mut p, d, rows);
         #[unroll]
         for r in 0..rows {
-            let visible = key_shown && sees(unit_row(&tile, r), j, s_k, offset, window, causal);
-            let s = soft_cap(p[r] * scale, softcap, softcapped);
+            let visible = key_shown && sees(unit_row(&tile, r), j, s_k, args);
+            let s = score(p[r], args);
             if visible && s > max[r] {
                 let correction = (max[r] - s).exp();
                 sum[r] *= correction;
@@ -333,17 +361,10 @@ pub fn flash_attention_query_grad_kernel<F: Float>(
     lse: &Tensor<f32>,
     delta: &mut Tensor<f32>,
     dq: &mut Tensor<F>,
-    scale: f32,
-    softcap: f32,
-    offset: i32,
-    window: u32,
-    #[comptime] d: usize,
-    #[comptime] d_v: usize,
-    #[comptime] rows: usize,
-    #[comptime] causal: bool,
-    #[comptime] softcapped: bool,
+    args: &AttentionArgs,
     #[define(F)] _dtype: ElemType,
 ) {
+    let (d, d_v, rows) = (args.d.comptime(), args.d_v.comptime(), args.rows.comptime());
     let (heads, s_k) = (q.shape(1), k.shape(2));
     let tile = tile(q.shape(2), rows);
     let (batch, head) = (tile.pair / heads, tile.pair % heads);
@@ -368,7 +389,7 @@ pub fn flash_attention_query_grad_kernel<F: Float>(
     let mut dq_acc = filled(0.0f32, rows * d);
     let mut ds = Array::<f32>::new(rows);
     let mut dp = Array::<f32>::new(rows);
-    for j in first_key(tile.first, offset, window)..end_key(tile.last, s_k, offset, causal) {
+    for j in first_key(tile.first, args)..end_key(tile.last, s_k, args) {
         let key_shown = hidden[batch * s_k + j] == 0.0f32;
         let k_at = row_at(k, batch, kv_head, j);
         dots(&q_rows, k, k_at, &mut ds, d, rows);
@@ -382,10 +403,10 @@ pub fn flash_attention_query_grad_kernel<F: Float>(
         );
         #[unroll]
         for r in 0..rows {
-            let visible = key_shown && sees(unit_row(&tile, r), j, s_k, offset, window, causal);
-            let s = soft_cap(ds[r] * scale, softcap, softcapped);
+            let visible = key_shown && sees(unit_row(&tile, r), j, s_k, args);
+            let s = score(ds[r], args);
             let p = select(visible, (s - row_lse[r]).exp(), 0.0f32);
-            ds[r] = p * (dp[r] - row_delta[r]) * soft_cap_slope(s, softcap, softcapped);
+            ds[r] = p * (dp[r] - row_delta[r]) * score_slope(s, args);
         }
         add_outer(&mut dq_acc, &ds, k, k_at, d, rows);
     }
@@ -395,7 +416,7 @@ pub fn flash_attention_query_grad_kernel<F: Float>(
             delta[tile.pair * tile.len + unit_row(&tile, r)] = row_delta[r];
         }
     }
-    store_rows(dq, &tile, &dq_acc, &filled(scale, rows), d, rows);
+    store_rows(dq, &tile, &dq_acc, &filled(args.scale, rows), d, rows);
 }
 
 /// dK and dV of key rows, summed over every query of every head in their group that sees them.
@@ -412,18 +433,11 @@ pub fn flash_attention_key_grad_kernel<F: Float>(
     delta: &Tensor<f32>,
     dk: &mut Tensor<F>,
     dv: &mut Tensor<F>,
-    scale: f32,
-    softcap: f32,
-    offset: i32,
-    window: u32,
-    #[comptime] d: usize,
-    #[comptime] d_v: usize,
-    #[comptime] rows: usize,
+    args: &AttentionArgs,
     #[comptime] group: usize,
-    #[comptime] causal: bool,
-    #[comptime] softcapped: bool,
     #[define(F)] _dtype: ElemType,
 ) {
+    let (d, d_v, rows) = (args.d.comptime(), args.d_v.comptime(), args.rows.comptime());
     let (heads, s_q) = (q.shape(1), q.shape(2));
     let (kv_heads, s_k) = (k.shape(1), k.shape(2));
     let tile = tile(s_k, rows);
@@ -440,8 +454,8 @@ pub fn flash_attention_key_grad_kernel<F: Float>(
     }
     let mut p = Array::<f32>::new(rows);
     let mut ds = Array::<f32>::new(rows);
-    let queries_first = first_query(tile.first, offset, causal);
-    let queries_end = end_query(tile.last, s_q, offset, window);
+    let queries_first = first_query(tile.first, args);
+    let queries_end = end_query(tile.last, s_q, args);
     // Unrolled so that each head's query loop is a loop of its own: lavapipe (Mesa's software
     // Vulkan) silently ends a loop nest after 65535 iterations in total.
     #[unroll]
@@ -454,16 +468,15 @@ pub fn flash_attention_key_grad_kernel<F: Float>(
             dots(&v_rows, d_out, d_out_at, &mut ds, d_v, rows);
             #[unroll]
             for r in 0..rows {
-                let visible = padding[r] == 0.0f32
-                    && sees(i, unit_row(&tile, r), s_k, offset, window, causal);
-                let s = soft_cap(p[r] * scale, softcap, softcapped);
+                let visible = padding[r] == 0.0f32 && sees(i, unit_row(&tile, r), s_k, args);
+                let s = score(p[r], args);
                 p[r] = select(visible, (s - lse[query]).exp(), 0.0f32);
-                ds[r] = p[r] * (ds[r] - delta[query]) * soft_cap_slope(s, softcap, softcapped);
+                ds[r] = p[r] * (ds[r] - delta[query]) * score_slope(s, args);
             }
             add_outer(&mut dv_acc, &p, d_out, d_out_at, d_v, rows);
             add_outer(&mut dk_acc, &ds, q, q_at, d, rows);
         }
     }
-    store_rows(dk, &tile, &dk_acc, &filled(scale, rows), d, rows);
+    store_rows(dk, &tile, &dk_acc, &filled(args.scale, rows), d, rows);
     store_rows(dv, &tile, &dv_acc, &filled(1.0f32, rows), d_v, rows);
 }

@@ -24,7 +24,7 @@ pub fn momentum_update_kernel<F: Float>(
     #[comptime] sign: bool,
     #[define(F)] _dtype: ElemType,
 ) {
-    let i = ABSOLUTE_POS as usize;
+    let i = ABSOLUTE_POS;
     if i >= param.len() {
         terminate!();
     }

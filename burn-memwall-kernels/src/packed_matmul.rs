@@ -14,7 +14,7 @@
 //! - `x · Wᵀ`: `[m, d_input]` → `[m, d_output]`, the reduction runs along a weight row;
 //! - `dy · W`: `[m, d_output]` → `[m, d_input]`, the reduction runs down the weight rows.
 //!
-//! [`packed_decode_kernel`] writes the weight itself, one unit per weight: for a few rows
+//! [`packed_decode_kernel()`] writes the weight itself, one unit per weight: for a few rows
 //! gathered from a larger one (an embedding lookup).
 
 use cubecl::prelude::*;
@@ -63,7 +63,7 @@ pub fn packed_decode_kernel(
     counter_limit: u32,
     #[comptime] counter: bool,
 ) {
-    let index = ABSOLUTE_POS as usize;
+    let index = ABSOLUTE_POS;
     if index >= output.len() {
         terminate!();
     }

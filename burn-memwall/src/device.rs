@@ -160,6 +160,7 @@ impl DeviceChoice {
 /// Software renderers that GPU APIs offer as adapters where no GPU is (Mesa's llvmpipe, which
 /// lavapipe reports, Google's SwiftShader, Microsoft's WARP): several hundred times slower at
 /// training than Flex, so `Auto` passes them over; named, they still start.
+#[cfg(feature = "cube")]
 const SOFTWARE_ADAPTERS: [&str; 4] = [
     "llvmpipe",
     "swiftshader",

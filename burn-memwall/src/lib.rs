@@ -13,7 +13,7 @@
 //! | gradients | each parameter updated during backward, its gradient freed | [`optim::InBackward`], [`optim::InBackwardTraining`] (through the `Learner`), [`nn::Routed`] (Burn's layers routed through it) |
 //! | optimizer state | AdamW, SGD and Lion updated in place | [`optim::FusedAdamW`], [`optim::FusedSgd`], [`optim::FusedLion`] |
 //! | optimizer state and dense weights | 6-bit counter synapses, the optimizer inside the weight code | [`nn::CounterLinear`], [`nn::CounterEmbedding`], a coded head in [`nn::FusedLinearCrossEntropyLoss::try_forward_counter`] |
-//! | weights at inference | ternary quantisation-aware training, exported 2 bits per weight | [`nn::TernaryLinear`], [`nn::PackedTernary`] |
+//! | weights at inference | ternary quantisation-aware training, exported 2 bits per weight | [`ops::ternary_linear`], [`nn::TernaryLinear`], [`nn::PackedTernary`] |
 //! | activations across depth | reversible coupling blocks | [`nn::ReversibleSequence`] |
 //!
 //! Beside them: [`device`] (one runtime device choice for every program: `--device`,

@@ -7,31 +7,31 @@ use cubecl::prelude::*;
 use super::{CODE_BITS, CODE_MASK, PCG_INCREMENT, PCG_MULTIPLIER, PCG_OUTPUT_MULTIPLIER};
 use super::{UNIFORM_BITS, UNIFORM_UNIT};
 
-/// `2C − 1`: codes per value of the ternary ([`super::CounterCode::counter_states`]).
+/// `2C − 1`: codes per value of the ternary ([`crate::counter::CounterCode::counter_states`]).
 #[cube]
 pub fn counter_states(limit: u32) -> u32 {
     2 * limit - 1
 }
 
-/// `t + 1` of `code` ([`super::CounterCode::ternary`]), with `states` = [`counter_states`].
+/// `t + 1` of `code` ([`crate::counter::CounterCode::ternary`]), with `states` = [`counter_states()`].
 #[cube]
 pub fn ternary_plus_one(code: u32, states: u32) -> u32 {
     code / states
 }
 
-/// The counter `c` of `code` ([`super::CounterCode::decode`]).
+/// The counter `c` of `code` ([`crate::counter::CounterCode::decode`]).
 #[cube]
 pub fn counter(code: u32, limit: u32) -> i32 {
     i32::cast_from(code % counter_states(limit)) - i32::cast_from(limit - 1)
 }
 
-/// The code of `(t, c)` ([`super::CounterCode::encode`]).
+/// The code of `(t, c)` ([`crate::counter::CounterCode::encode`]).
 #[cube]
 pub fn encode(t: i32, c: i32, limit: u32) -> u32 {
     u32::cast_from((t + 1) * i32::cast_from(counter_states(limit)) + c + i32::cast_from(limit - 1))
 }
 
-/// Code `i` of the row whose words start at `base` ([`super::code_at`]).
+/// Code `i` of the row whose words start at `base` ([`crate::counter::code_at()`]).
 #[cube]
 pub fn code_at(codes: &Tensor<u32>, base: usize, i: u32) -> u32 {
     let bit = i * CODE_BITS as u32;
@@ -44,7 +44,7 @@ pub fn code_at(codes: &Tensor<u32>, base: usize, i: u32) -> u32 {
     bits & CODE_MASK
 }
 
-/// Writes `code` as code `i` of the row whose words start at `base` ([`super::set_code`]).
+/// Writes `code` as code `i` of the row whose words start at `base` ([`crate::counter::set_code()`]).
 #[cube]
 pub fn set_code(codes: &mut Tensor<u32>, base: usize, i: u32, code: u32) {
     let bit = i * CODE_BITS as u32;
@@ -58,7 +58,7 @@ pub fn set_code(codes: &mut Tensor<u32>, base: usize, i: u32, code: u32) {
 }
 
 /// The stochastic rounding's uniform number of `element` under the update's `key`
-/// ([`super::keyed_uniform`]; the key is [`super::rounding_key`], from the host).
+/// (the host's `keyed_uniform`; the key is [`crate::counter::rounding_key`], from the host).
 #[cube]
 pub fn keyed_uniform(key: u32, element: u32) -> f32 {
     f32::cast_from(pcg_hash(element ^ key) >> (32 - UNIFORM_BITS)) * UNIFORM_UNIT

@@ -197,7 +197,7 @@ pub const UNIFORM_BITS: u32 = 24;
 /// The uniform number's resolution, `2^−UNIFORM_BITS`.
 pub const UNIFORM_UNIT: f32 = 1.0 / (1u32 << UNIFORM_BITS) as f32;
 
-/// The part of [`keyed_uniform`]'s hash that one update (`seed`, `step`) shares across its
+/// The part of `keyed_uniform`'s hash that one update (`seed`, `step`) shares across its
 /// elements.
 pub fn rounding_key(seed: u32, step: u32) -> u32 {
     pcg_hash(step ^ pcg_hash(seed))
@@ -213,11 +213,11 @@ fn pcg_hash(input: u32) -> u32 {
     (word >> 22) ^ word
 }
 
-/// The LCG step's multiplier in [`pcg_hash`].
+/// The LCG step's multiplier in `pcg_hash`.
 pub const PCG_MULTIPLIER: u32 = 747_796_405;
-/// The LCG step's increment in [`pcg_hash`].
+/// The LCG step's increment in `pcg_hash`.
 pub const PCG_INCREMENT: u32 = 2_891_336_453;
-/// The output permutation's multiplier in [`pcg_hash`].
+/// The output permutation's multiplier in `pcg_hash`.
 pub const PCG_OUTPUT_MULTIPLIER: u32 = 277_803_737;
 
 /// The hyper-parameters of the counter update.

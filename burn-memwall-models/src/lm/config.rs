@@ -147,19 +147,19 @@ impl LmConfig {
                 self.vocab_size
             ));
         }
-        if self.d_model % self.n_heads != 0 {
+        if !self.d_model.is_multiple_of(self.n_heads) {
             return fail(format!(
                 "n_heads = {} does not divide d_model = {}",
                 self.n_heads, self.d_model
             ));
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return fail(format!(
                 "n_kv_heads = {} does not divide n_heads = {}",
                 self.n_kv_heads, self.n_heads
             ));
         }
-        if self.d_head() % 2 != 0 {
+        if !self.d_head().is_multiple_of(2) {
             return fail(format!(
                 "rotary embedding needs an even head width, got {}",
                 self.d_head()

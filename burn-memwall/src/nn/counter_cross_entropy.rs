@@ -15,11 +15,11 @@ use burn::prelude::*;
 use burn::tensor::{FloatDType, IndexingUpdateOp};
 
 use super::CounterWeights;
+use super::{PackedWeight, Reduction};
 use crate::ops::fused_linear_cross_entropy::{
-    FusedCrossEntropyError, FusedCrossEntropyOptions, Reduction, check_shapes, kept_rows,
+    FusedCrossEntropyError, FusedCrossEntropyOptions, check_shapes, kept_rows,
 };
 use crate::ops::handwritten_backward::{BackwardContext, HandwrittenBackward, attach_backward};
-use crate::ops::packed_matmul::PackedWeight;
 use crate::optim::InBackward;
 
 /// The most elements of a block's logits `[tokens, block]` and of its weight gradient

@@ -1,13 +1,4 @@
-//! [`CounterEmbedding`]: a token embedding whose table is a [`CounterWeights`] code, one weight
-//! row per token: 0.77 byte per weight, no `Param`, no optimizer state and no dense gradient.
-//!
-//! The lookup decodes only the rows of the ids it reads ([`PackedWeight::rows`]). Its backward
-//! pass updates the table from the exact gradient, a block of rows at a time: each block's
-//! gradient is the sum of the output gradients of the positions whose ids fall in it, and is
-//! dropped once the block is updated. Every row takes the step, those without a position with
-//! a zero gradient, so the update is the one a dense `[vocab, d_model]` gradient would give.
-//!
-//! [`PackedWeight::rows`]: crate::ops::packed_matmul::PackedWeight::rows
+//! [`CounterEmbedding`]; the type's docs are the description.
 
 use burn::backend::DispatchTensor;
 use burn::module::{Module, ParamId};
@@ -21,7 +12,18 @@ use crate::ops::packed_matmul::row_blocks;
 use crate::optim::InBackward;
 
 /// A token embedding of counter synapses: a drop-in for `burn::nn::Embedding` that trains
-/// itself in backward. See the [module docs](self).
+/// itself in backward.
+///
+/// Its table is a [`CounterWeights`] code, one weight
+/// row per token: 0.77 byte per weight, no `Param`, no optimizer state and no dense gradient.
+///
+/// The lookup decodes only the rows of the ids it reads ([`PackedWeight::rows`]). Its backward
+/// pass updates the table from the exact gradient, a block of rows at a time: each block's
+/// gradient is the sum of the output gradients of the positions whose ids fall in it, and is
+/// dropped once the block is updated. Every row takes the step, those without a position with
+/// a zero gradient, so the update is the one a dense `[vocab, d_model]` gradient would give.
+///
+/// [`PackedWeight::rows`]: crate::nn::PackedWeight::rows
 #[derive(Module, Debug)]
 pub struct CounterEmbedding {
     /// `[n_embedding, d_model]`: a row per token.

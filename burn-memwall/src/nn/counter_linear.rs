@@ -1,18 +1,4 @@
-//! [`CounterLinear`]: a linear layer whose weights are finite-state counter synapses, with the
-//! optimizer inside the weight code. Each weight is a visible ternary and a residual counter in
-//! 6 bits; each output row has a scale and the mean square of its
-//! gradient. The layer holds no `Param` for its weights and no optimizer state: it updates itself
-//! in its own backward pass from its exact weight gradient, which is formed a block of rows at a
-//! time and dropped at once. In expectation the update is RMS-normalised SGD on the latent weight
-//! `(t + c/C)·s` ([`burn_memwall_codes::counter`] holds the code and the rule).
-//!
-//! The forward pass is `x · (s·t)ᵀ (+ bias)`; the counter is invisible to it. It and the input
-//! gradient are [`crate::ops::packed_matmul`]'s products, which never form the dense weight. The bias, if any,
-//! is an ordinary parameter, trained by whichever optimizer trains the rest of the model.
-//!
-//! Each backward pass through the layer is one update. A layer read twice in one forward pass
-//! (shared weights) therefore updates twice, and the earlier read's input gradient uses the
-//! weights the later read's backward has already updated.
+//! [`CounterLinear`]; the type's docs are the description.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -29,9 +15,9 @@ use burn_memwall_codes::counter::{
     CounterCode, CounterHyper, encode_row, row_codes, words_per_row,
 };
 
-use crate::ops::counter_linear::{CounterTensors, HostWeights};
+use super::{HostWeights, PackedTernary, PackedWeight};
+use crate::ops::counter_linear::CounterTensors;
 use crate::ops::handwritten_backward::{BackwardContext, HandwrittenBackward, attach_backward};
-use crate::ops::packed_matmul::{PackedTernary, PackedWeight};
 use crate::optim::InBackward;
 use crate::optim::param_value;
 
@@ -79,7 +65,7 @@ impl CounterLinearConfig {
         self.init_from_linear(linear)
     }
 
-    /// `linear` converted: its weights as codes (see [`Self::weights_from_rows`]), its bias
+    /// `linear` converted: its weights as codes (see `weights_from_rows`), its bias
     /// kept as the layer's bias parameter.
     ///
     /// # Panics
@@ -145,7 +131,23 @@ impl CounterLinearConfig {
 }
 
 /// A linear layer of counter synapses: a drop-in for `burn::nn::Linear` whose weights train
-/// themselves in backward. See the [module docs](self).
+/// themselves in backward.
+///
+/// Its weights are finite-state counter synapses, with the
+/// optimizer inside the weight code. Each weight is a visible ternary and a residual counter in
+/// 6 bits; each output row has a scale and the mean square of its
+/// gradient. The layer holds no `Param` for its weights and no optimizer state: it updates itself
+/// in its own backward pass from its exact weight gradient, which is formed a block of rows at a
+/// time and dropped at once. In expectation the update is RMS-normalised SGD on the latent weight
+/// `(t + c/C)·s` ([`burn_memwall_codes::counter`] holds the code and the rule).
+///
+/// The forward pass is `x · (s·t)ᵀ (+ bias)`; the counter is invisible to it. It and the input
+/// gradient are [`crate::ops::packed_matmul`]'s products, which never form the dense weight. The bias, if any,
+/// is an ordinary parameter, trained by whichever optimizer trains the rest of the model.
+///
+/// Each backward pass through the layer is one update. A layer read twice in one forward pass
+/// (shared weights) therefore updates twice, and the earlier read's input gradient uses the
+/// weights the later read's backward has already updated.
 #[derive(Module, Debug)]
 pub struct CounterLinear {
     /// The self-updating weights `[d_output, d_input]`.

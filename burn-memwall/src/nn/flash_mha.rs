@@ -9,14 +9,17 @@ use burn::prelude::*;
 use crate::ops::flash_attention::{FlashAttentionOptions, flash_attention};
 
 /// A Burn layer that cannot become a [`FlashMultiHeadAttention`], and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum FlashMhaError {
     /// Dropout on the attention weights needs those weights.
     #[error(
         "flash multi-head attention has no dropout on the attention weights (it never holds \
-         them): set the config's dropout to 0 (got {0})"
+         them): set the config's dropout to 0 (got {prob})"
     )]
-    WeightDropout(String),
+    WeightDropout {
+        /// The layer's dropout probability.
+        prob: f64,
+    },
     /// Quiet softmax (`exp(s) / (1 + Σ exp)`) is not implemented by the flash kernels.
     #[error("flash multi-head attention does not implement quiet softmax")]
     QuietSoftmax,
@@ -145,7 +148,9 @@ impl TryFrom<MultiHeadAttention> for FlashMultiHeadAttention {
     /// cannot compute without the attention weights.
     fn try_from(mha: MultiHeadAttention) -> Result<Self, Self::Error> {
         if mha.dropout.prob > 0.0 {
-            return Err(FlashMhaError::WeightDropout(mha.dropout.prob.to_string()));
+            return Err(FlashMhaError::WeightDropout {
+                prob: mha.dropout.prob,
+            });
         }
         if mha.quiet_softmax {
             return Err(FlashMhaError::QuietSoftmax);

@@ -6,10 +6,10 @@ use burn::module::Module;
 use burn::nn::{Embedding, Linear};
 use burn::prelude::*;
 
-use super::CounterWeights;
 use super::counter_cross_entropy::counter_cross_entropy;
+use super::{CounterWeights, GradientPass, Reduction};
 use crate::ops::fused_linear_cross_entropy::{
-    FusedCrossEntropyError, FusedCrossEntropyOptions, GradientPass, Reduction, RowLoss, fused_loss,
+    FusedCrossEntropyError, FusedCrossEntropyOptions, RowLoss, fused_loss,
 };
 use crate::optim::InBackward;
 

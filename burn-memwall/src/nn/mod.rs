@@ -24,9 +24,12 @@ mod reversible;
 mod routed;
 mod ternary_linear;
 
-pub use crate::ops::counter_linear::HostWeights;
-pub use crate::ops::fused_linear_cross_entropy::{GradientPass, Reduction};
-pub use crate::ops::packed_matmul::{PackedTernary, PackedWeight};
+// Defined beside the ops that use them, published here only: a layer's user finds every type
+// the layer takes or returns in `nn`.
+pub use crate::ops::counter_linear::host_weights::HostWeights;
+pub use crate::ops::fused_linear_cross_entropy::choices::{GradientPass, Reduction};
+pub use crate::ops::packed_matmul::packed_ternary::PackedTernary;
+pub use crate::ops::packed_matmul::packed_weight::PackedWeight;
 pub use counter_embedding::CounterEmbedding;
 pub use counter_linear::{CounterLinear, CounterLinearConfig, CounterWeights};
 pub use flash_mha::{FlashMhaError, FlashMhaInput, FlashMultiHeadAttention};
@@ -35,4 +38,4 @@ pub use fused_linear_cross_entropy_loss::{
 };
 pub use reversible::{CouplingFunction, ReversibleError, ReversibleSequence};
 pub use routed::Routed;
-pub use ternary_linear::{TernaryLinear, TernaryLinearConfig, ternary_linear};
+pub use ternary_linear::{TernaryLinear, TernaryLinearConfig};

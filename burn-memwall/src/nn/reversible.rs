@@ -1,12 +1,4 @@
-//! A stack of additive coupling blocks whose activation memory does not grow with depth
-//! (RevNet; Reformer).
-//!
-//! Each block splits its input into halves and computes `y₁ = x₁ + F(x₂)`, `y₂ = x₂ + G(y₁)`.
-//! That is invertible, `x₂ = y₂ − G(y₁)`, `x₁ = y₁ − F(x₂)`, so the backward pass rebuilds each
-//! block's input from its output instead of keeping it: the whole stack is one node of the
-//! graph that keeps only its output, with a handwritten backward. Walking back, each block
-//! evaluates `G` and `F` once more on fresh leaves, which gives both the inverse and the
-//! gradients: one extra forward pass in all, and the activations of one block at a time.
+//! [`ReversibleSequence`]; the type's docs are the description.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -50,7 +42,17 @@ pub enum ReversibleError {
     },
 }
 
-/// `blocks` additive couplings `(F, G)`, applied in order. See the [module docs](self).
+/// `blocks` additive couplings `(F, G)`, applied in order.
+///
+/// A stack of additive coupling blocks whose activation memory does not grow with depth
+/// (RevNet; Reformer).
+///
+/// Each block splits its input into halves and computes `y₁ = x₁ + F(x₂)`, `y₂ = x₂ + G(y₁)`.
+/// That is invertible, `x₂ = y₂ − G(y₁)`, `x₁ = y₁ − F(x₂)`, so the backward pass rebuilds each
+/// block's input from its output instead of keeping it: the whole stack is one node of the
+/// graph that keeps only its output, with a handwritten backward. Walking back, each block
+/// evaluates `G` and `F` once more on fresh leaves, which gives both the inverse and the
+/// gradients: one extra forward pass in all, and the activations of one block at a time.
 #[derive(Module, Debug)]
 pub struct ReversibleSequence<F: Module, G: Module> {
     /// Each block's `F`, in `y₁ = x₁ + F(x₂)`.

@@ -4,12 +4,18 @@
 //! The functional ops a model calls directly:
 //! - [`flash_attention`]: exact attention that never holds the `[s_q, s_k]` scores;
 //! - [`fused_linear_cross_entropy`]: an LM head's loss without its `[tokens, vocab]` logits;
-//! - [`packed_matmul`]: products with a weight whose ternaries stay packed;
-//! - [`counter_linear`]: the counter synapse's in-place update of a block of rows.
+//! - [`packed_matmul`]: products with a weight whose ternaries stay packed (the methods of
+//!   [`crate::nn::PackedWeight`]);
+//! - [`counter_linear`]: the counter synapse's in-place update of a block of rows;
+//! - [`ternary_linear`]: BitNet b1.58's ternary linear, trained straight through.
+//!
+//! Each item has one path. The types a layer takes or returns too ([`crate::nn::Reduction`],
+//! [`crate::nn::GradientPass`], [`crate::nn::PackedWeight`], [`crate::nn::PackedTernary`],
+//! [`crate::nn::HostWeights`]) are defined beside their op and published in [`crate::nn`].
 //!
 //! The others are the machinery of this crate's layers and optimizers: the in-place
 //! optimizer updates (`adamw_update`, `momentum_update`) and the node with a handwritten
-//! backward that reversible chains and counter layers attach (`handwritten_backward`).
+//! backward that reversible chains, counter layers and the ternary linear attach (`handwritten_backward`).
 
 pub(crate) mod adamw_update;
 pub mod counter_linear;
@@ -21,3 +27,4 @@ pub mod fused_linear_cross_entropy;
 pub(crate) mod handwritten_backward;
 pub(crate) mod momentum_update;
 pub mod packed_matmul;
+pub mod ternary_linear;

@@ -1,8 +1,4 @@
-//! AdamW whose per-parameter step is one fused, in-place pass ([`crate::ops::adamw_update`]).
-//! The math, the state and its record are Burn's `AdamW`'s (a checkpoint of either loads into
-//! the other); what changes is memory and time: Burn's step allocates about five
-//! parameter-sized temporaries and makes the new weights beside the old ones, this one writes
-//! the weights and both moments where they are when nothing else holds them.
+//! [`FusedAdamW`]; the type's docs are the description.
 
 use burn::config::Config;
 use burn::optim::grad_clipping::GradientClippingConfig;
@@ -32,7 +28,11 @@ pub struct FusedAdamWConfig {
     pub grad_clipping: Option<GradientClippingConfig>,
 }
 
-/// AdamW with a fused, in-place update per parameter. See the [module docs](self).
+/// AdamW whose per-parameter step is one fused, in-place pass (`ops/adamw_update`).
+/// The math, the state and its record are Burn's `AdamW`'s (a checkpoint of either loads into
+/// the other); what changes is memory and time: Burn's step allocates about five
+/// parameter-sized temporaries and makes the new weights beside the old ones, this one writes
+/// the weights and both moments where they are when nothing else holds them.
 #[derive(Clone, Debug)]
 pub struct FusedAdamW {
     beta_1: f32,

@@ -1,8 +1,4 @@
-//! Lion whose per-parameter step is one fused, in-place pass
-//! ([`crate::ops::momentum_update`]). The math, the state and its record are
-//! `burn::optim::Lion`'s (a checkpoint of either loads into the other); Burn's step makes about
-//! five parameter-sized temporaries and the new weights beside the old ones, this one writes the
-//! weights and the moment where they are when nothing else holds them.
+//! [`FusedLion`]; the type's docs are the description.
 
 use burn::config::Config;
 use burn::optim::grad_clipping::GradientClippingConfig;
@@ -28,7 +24,11 @@ pub struct FusedLionConfig {
     pub grad_clipping: Option<GradientClippingConfig>,
 }
 
-/// Lion with a fused, in-place update per parameter. See the [module docs](self).
+/// Lion whose per-parameter step is one fused, in-place pass
+/// (`ops/momentum_update`). The math, the state and its record are
+/// `burn::optim::Lion`'s (a checkpoint of either loads into the other); Burn's step makes about
+/// five parameter-sized temporaries and the new weights beside the old ones, this one writes the
+/// weights and the moment where they are when nothing else holds them.
 #[derive(Clone, Debug)]
 pub struct FusedLion {
     beta_1: f32,

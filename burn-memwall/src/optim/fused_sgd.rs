@@ -1,11 +1,4 @@
-//! SGD with momentum whose per-parameter step is one fused, in-place pass
-//! ([`crate::ops::momentum_update`]). The math is `burn::optim::Sgd`'s, and its state is saved
-//! under the names of Burn's `SgdState` (a checkpoint of either loads into the other); Burn's
-//! step makes about four parameter-sized temporaries and the new weights beside the old ones,
-//! this one writes the weights and the velocity where they are when nothing else holds them.
-//!
-//! Momentum is required: SGD without it has no state, and Burn's `Sgd` then makes a single new
-//! tensor per step.
+//! [`FusedSgd`]; the type's docs are the description.
 
 use burn::config::Config;
 use burn::optim::decay::WeightDecayConfig;
@@ -32,7 +25,14 @@ pub struct FusedSgdConfig {
     pub grad_clipping: Option<GradientClippingConfig>,
 }
 
-/// SGD with momentum and a fused, in-place update per parameter. See the [module docs](self).
+/// SGD with momentum whose per-parameter step is one fused, in-place pass
+/// (`ops/momentum_update`). The math is `burn::optim::Sgd`'s, and its state is saved
+/// under the names of Burn's `SgdState` (a checkpoint of either loads into the other); Burn's
+/// step makes about four parameter-sized temporaries and the new weights beside the old ones,
+/// this one writes the weights and the velocity where they are when nothing else holds them.
+///
+/// Momentum is required: SGD without it has no state, and Burn's `Sgd` then makes a single new
+/// tensor per step.
 #[derive(Clone, Debug)]
 pub struct FusedSgd {
     momentum: MomentumConfig,

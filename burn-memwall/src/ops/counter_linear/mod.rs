@@ -10,6 +10,7 @@
 #[cfg(feature = "cube")]
 mod cube;
 mod flex;
+pub(crate) mod host_weights;
 
 use std::ops::Range;
 
@@ -20,7 +21,9 @@ use burn::prelude::*;
 use burn_memwall_codes::PackedLayout;
 use burn_memwall_codes::counter::{CounterCode, CounterHyper, words_per_row};
 
-use super::packed_matmul::{PackedWeight, row_blocks};
+use super::packed_matmul::packed_weight::PackedWeight;
+use super::packed_matmul::row_blocks;
+use host_weights::HostWeights;
 
 /// Rows `start .. start + len` of a `[d_output, d_input]` code of limit `limit`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,40 +209,5 @@ impl CounterTensors {
             mean_square: self.mean_square.inner(),
             ..self
         }
-    }
-}
-
-/// A counter linear's weights on the host: `[d_output, d_input]` codes packed per row, and one
-/// scale and mean squared gradient per row.
-#[derive(Clone, Debug, PartialEq)]
-pub struct HostWeights {
-    /// The code of every weight.
-    pub code: CounterCode,
-    /// Weights per row.
-    pub d_input: usize,
-    /// `[d_output, words_per_row(d_input)]`, row-major.
-    pub words: Vec<u32>,
-    /// `[d_output]`.
-    pub scale: Vec<f32>,
-    /// `[d_output]`.
-    pub mean_square: Vec<f32>,
-}
-
-impl HostWeights {
-    /// The weight `s·t`, `[d_output, d_input]` row-major.
-    pub fn decode(&self) -> Vec<f32> {
-        let (layout, width) = (
-            PackedLayout::Counter(self.code),
-            words_per_row(self.d_input),
-        );
-        let mut dense = vec![0f32; self.scale.len() * self.d_input];
-        for ((out, words), scale) in dense
-            .chunks_mut(self.d_input)
-            .zip(self.words.chunks(width))
-            .zip(&self.scale)
-        {
-            layout.decode_row(words, *scale, out);
-        }
-        dense
     }
 }

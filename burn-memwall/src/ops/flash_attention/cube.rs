@@ -10,7 +10,7 @@ use burn_cubecl::kernel::untile;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::{CubeBackend, tensor::CubeTensor};
 use burn_memwall_kernels::flash_attention::{
-    flash_attention_forward_kernel, flash_attention_key_grad_kernel,
+    AttentionArgsLaunch, flash_attention_forward_kernel, flash_attention_key_grad_kernel,
     flash_attention_query_grad_kernel,
 };
 
@@ -20,7 +20,7 @@ use super::{FlashAttentionBackend, FlashAttentionOptions};
 /// many iterations; each kernel loops once per key or per query of a row.
 const LAVAPIPE_LOOP_LIMIT: usize = 65535;
 
-/// The scalar arguments every kernel takes, from the options and the shapes.
+/// What the kernels of one attention share, from the options and the shapes.
 struct Launch {
     scale: f32,
     softcap: f32,
@@ -68,6 +68,21 @@ impl Launch {
             causal: options.causal || options.window.is_some(),
             softcapped: options.softcap.is_some(),
         }
+    }
+
+    /// The kernels' arguments, for units owning `rows` rows each.
+    fn args(&self, rows: usize) -> AttentionArgsLaunch {
+        AttentionArgsLaunch::new(
+            self.scale,
+            self.softcap,
+            self.offset,
+            self.window,
+            self.d,
+            self.d_v,
+            rows,
+            self.causal,
+            self.softcapped,
+        )
     }
 }
 
@@ -132,15 +147,7 @@ impl FlashAttentionBackend for CubeBackend {
             hidden_keys(key_padding_mask).into_tensor_arg(),
             out.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
-            launch.scale,
-            launch.softcap,
-            launch.offset,
-            launch.window,
-            launch.d,
-            launch.d_v,
-            launch.query_rows,
-            launch.causal,
-            launch.softcapped,
+            launch.args(launch.query_rows),
             dtype_to_storage_type(q.dtype),
         );
         (out, lse)
@@ -181,15 +188,7 @@ impl FlashAttentionBackend for CubeBackend {
             lse.clone().into_tensor_arg(),
             delta.clone().into_tensor_arg(),
             dq.clone().into_tensor_arg(),
-            launch.scale,
-            launch.softcap,
-            launch.offset,
-            launch.window,
-            launch.d,
-            launch.d_v,
-            launch.query_rows,
-            launch.causal,
-            launch.softcapped,
+            launch.args(launch.query_rows),
             dtype,
         );
 
@@ -209,16 +208,8 @@ impl FlashAttentionBackend for CubeBackend {
             delta.into_tensor_arg(),
             dk.clone().into_tensor_arg(),
             dv.clone().into_tensor_arg(),
-            launch.scale,
-            launch.softcap,
-            launch.offset,
-            launch.window,
-            launch.d,
-            launch.d_v,
-            launch.key_rows,
+            launch.args(launch.key_rows),
             heads / kv_heads,
-            launch.causal,
-            launch.softcapped,
             dtype,
         );
         (dq, dk, dv)

@@ -1,7 +1,7 @@
 //! The Flex path of flash attention: the online-softmax forward and the FlashAttention-2
 //! backward written with Burn tensor ops, one `[batch, heads, TILE, TILE]` score tile at a time:
 //! like the kernels, it never holds an `[s_q, s_k]` matrix. `impl FlashAttentionBackend for Flex`
-//! (`mod.rs`) calls `forward` and `backward` here on f32 tensors (f16 and bf16 inputs are
+//! (`flex.rs`) calls `forward` and `backward` here on f32 tensors (f16 and bf16 inputs are
 //! widened first); Cube runtimes run the CubeCL kernels instead (`cube.rs`). `dims` is also the
 //! shape and option check behind `check_shapes`, which `flash_attention` runs on every backend.
 

@@ -23,6 +23,7 @@
 //! - `autodiff.rs`: the handwritten backward wired into Burn's autodiff.
 
 mod autodiff;
+pub(crate) mod choices;
 mod chunked;
 #[cfg(feature = "cube")]
 mod cube;
@@ -31,7 +32,8 @@ mod flex;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Backend, Dispatch, backend_extension};
 use burn::prelude::*;
-use serde::{Deserialize, Serialize};
+
+use choices::{GradientPass, Reduction};
 
 /// Tokens per chunk when [`FusedCrossEntropyOptions::chunk_size`] is `None`. Every chunk adds
 /// its share to `d_weight`, a pass over `vocab × d` that a chunk of `c` tokens amortises over
@@ -46,31 +48,6 @@ pub const MAX_CHUNK_LOGITS: usize = 1 << 25;
 
 /// The most tokens in one chunk: one cube per token row, within every runtime's grid.
 const MAX_CHUNK_TOKENS: usize = 65535;
-
-/// How the per-token losses become the output.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub enum Reduction {
-    /// Mean over the tokens that are not ignored: shape `[1]` (0 when every token is ignored).
-    #[default]
-    Mean,
-    /// Sum over the tokens that are not ignored: shape `[1]`.
-    Sum,
-    /// One loss per token, 0 for ignored tokens: shape `[tokens]`.
-    None,
-}
-
-/// When the gradients of a reduced loss are computed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub enum GradientPass {
-    /// During the forward pass, from the logits already at hand (Liger-Kernel): three matmuls
-    /// per chunk. The gradients wait, `[tokens, d] + [vocab, d]`, for the backward pass.
-    #[default]
-    DuringForward,
-    /// In the backward pass, recomputing the logits from one saved log-sum-exp per token (Cut
-    /// Cross-Entropy): four matmuls per chunk. Nothing is computed for inputs that need no
-    /// gradient (a frozen head), and nothing at all if the backward pass never runs.
-    Recompute,
-}
 
 /// What the loss is and how it is computed. The defaults are plain mean cross-entropy.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]

@@ -8,7 +8,7 @@ use burn::tensor::DType;
 use burn_memwall_codes::PackedLayout;
 use burn_memwall_codes::ternary::{set_ternary, ternary_at, words_per_row};
 
-use super::PackedWeight;
+use super::packed_weight::PackedWeight;
 
 /// A `[d_output, d_input]` ternary weight and its row scales, packed: `W = diag(scales) · T`.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -1,17 +1,4 @@
-//! burn-train's single-device training loop, with the step holding the only handle on the
-//! model, so that [`InBackward`](super::InBackward) keeps its gain through the `Learner`.
-//!
-//! Burn's own loop runs `self.model = self.model().optimize(..)` (burn-train 0.22.1,
-//! `Learner::optimizer_step`): the Learner keeps its copy of the model while the step runs, so
-//! every weight that the step updates in backward is written beside the old one, and the
-//! gradient pool that in-backward updates remove comes back as a pool of new weights. The
-//! Learner offers no way to let go of its copy, nor to reach its optimizer without it, so
-//! [`InBackwardTraining`] takes the model out of the Learner it is launched with and owns the
-//! optimizer and the learning-rate scheduler itself. It writes the checkpoints too (burn-train's
-//! files, one model tensor at a time: see [`checkpoints`](super::checkpoints)), since
-//! burn-train's checkpointer would copy the whole model beside the next epoch's steps.
-//! Everything else is burn-train's: metrics, the renderer, validation, early stopping, the
-//! interrupter, and `SupervisedTraining::checkpoint(epoch)` to resume.
+//! [`InBackwardTraining`]; the type's docs are the description.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -49,7 +36,7 @@ pub struct StepMemory {
 }
 
 /// A `SupervisedLearningStrategy` that trains on one device like burn-train's default, except
-/// that the model it steps is held nowhere else. See the [module docs](self).
+/// that the model it steps is held nowhere else.
 ///
 /// The Learner it is launched with supplies the model; on a resume
 /// (`SupervisedTraining::checkpoint(epoch)`) the strategy loads the model, optimizer and
@@ -72,6 +59,21 @@ pub struct StepMemory {
 /// In the run, if `SupervisedTraining` was given checkpointers, if a gradient accumulation is
 /// set, or on a resume without [`Self::with_checkpoints`]. A checkpoint that cannot be written
 /// or read stops the run with the error in the `LearningResult`.
+///
+/// burn-train's single-device training loop, with the step holding the only handle on the
+/// model, so that [`InBackward`](super::InBackward) keeps its gain through the `Learner`.
+///
+/// Burn's own loop runs `self.model = self.model().optimize(..)` (burn-train 0.22.1,
+/// `Learner::optimizer_step`): the Learner keeps its copy of the model while the step runs, so
+/// every weight that the step updates in backward is written beside the old one, and the
+/// gradient pool that in-backward updates remove comes back as a pool of new weights. The
+/// Learner offers no way to let go of its copy, nor to reach its optimizer without it, so
+/// [`InBackwardTraining`] takes the model out of the Learner it is launched with and owns the
+/// optimizer and the learning-rate scheduler itself. It writes the checkpoints too (burn-train's
+/// files, one model tensor at a time), since
+/// burn-train's checkpointer would copy the whole model beside the next epoch's steps.
+/// Everything else is burn-train's: metrics, the renderer, validation, early stopping, the
+/// interrupter, and `SupervisedTraining::checkpoint(epoch)` to resume.
 pub struct InBackwardTraining {
     device: Device,
     /// The optimizer and scheduler, until the run takes them.
@@ -119,7 +121,7 @@ impl InBackwardTraining {
     /// The [`InBackward`] handle the model routes its parameters through. The run then keeps
     /// each in-backward parameter's optimizer state in a `ModuleOptimizer` of its own (the
     /// same updates), so that a checkpoint writes it one parameter at a time instead of
-    /// copying the whole state (see [`checkpoints`](super::checkpoints)); `optimizer` holds
+    /// copying the whole state (see `in_backward/checkpoints.rs`); `optimizer` holds
     /// the state of the parameters updated after backward.
     pub fn with_in_backward(mut self, in_backward: InBackward) -> Self {
         self.in_backward = Some(in_backward);

@@ -1,55 +1,4 @@
-//! Optimizer steps inside `backward()`: each parameter is updated as soon as its gradient is
-//! complete, and the gradient is freed right away, so the pool of one gradient per parameter
-//! that standard training holds until `optimizer.step()` never forms (LOMO; PyTorch's
-//! "optimizer step in backward").
-//!
-//! [`InBackward`] decorates Burn's own [`ModuleOptimizer`]: whatever per-tensor optimizer it
-//! holds (AdamW, Adam, SGD with momentum, Lion, Muon, Adafactor, …), its parameter groups,
-//! per-group learning rates, per-tensor gradient clipping (`with_grad_clipping`, by value or by
-//! norm) and its record all work unchanged, because each in-backward update *is* a
-//! `ModuleOptimizer::step` over one parameter, seen at its path in the model.
-//!
-//! # How a model opts in
-//! In the forward pass, read each trained parameter through [`Routed::param`] with the input
-//! of the layer that uses it as the *anchor*, instead of `param.val()` ([`Routed`]'s layer
-//! methods do this for Burn's linear, embedding and RMSNorm and for this crate's layers):
-//!
-//! ```ignore
-//! let route = Routed::new(Some(&in_backward)); // `None`: the plain forward pass
-//! let weight = route.param(&linear.weight, &x);
-//! let bias = linear.bias.as_ref().map(|b| route.param(b, &x));
-//! let y = burn::tensor::module::linear(x, weight, bias);
-//! ```
-//!
-//! [`Routed`]: crate::nn::Routed
-//! [`Routed::param`]: crate::nn::Routed::param
-//!
-//! The anchor only sets *when* the update runs: right after the layer's own backward step. A
-//! parameter used twice (tied weights) is updated once, after both uses' gradients are summed.
-//! Then train with [`InBackward::step`] instead of `loss.backward()` + `optimizer.step(..)`.
-//! A parameter that is read with `val()` instead still trains, after backward, the standard way.
-//!
-//! # Memory
-//! [`InBackward::step`] takes the model by value and holds its parameters aside during
-//! backward. When a parameter's update runs, the model's handle on its old value is released
-//! first, so the weights are never held twice. The extra memory of an update is that parameter's
-//! gradient and the optimizer's temporaries: with Burn's AdamW on Flex one more parameter-sized
-//! tensor (the new weights, made before the old ones are freed), on Cube several; with
-//! [`FusedAdamW`](crate::optim::FusedAdamW), [`FusedSgd`](crate::optim::FusedSgd) or
-//! [`FusedLion`](crate::optim::FusedLion), which write in place, none. This needs the step to
-//! own the only handle on the weights: a clone of the model kept elsewhere makes every update
-//! be written beside the old weights (and leaves that clone as it was). burn-train's default
-//! loop is such a case, since its `Learner` keeps its copy while it optimizes; train through
-//! [`InBackwardTraining`] instead, which holds the model alone.
-//!
-//! # What cannot work in backward
-//! - Gradient accumulation: a parameter is updated as soon as one batch's gradient is complete,
-//!   so gradients of several batches are never summed. [`InBackward::defer`] rejects a second
-//!   batch before the first is stepped.
-//! - Clipping by the global norm of all gradients: the norm is known only once every gradient
-//!   exists, which is what this removes. (Burn 0.22's `GradientClipping` is per tensor.)
-//! - Distributed data parallel: the gradient never reaches the parameter, so Burn's all-reduce
-//!   of it never runs.
+//! [`InBackward`]; the type's docs are the description.
 
 mod checkpoints;
 mod hook;
@@ -110,13 +59,66 @@ pub enum InBackwardError {
 pub struct StepCounts {
     /// Updated during backward, right after their last use's backward step.
     pub in_backward: usize,
-    /// Updated after backward: parameters read with `val()` instead of [`InBackward::param`],
+    /// Updated after backward: parameters read with `val()` instead of [`Routed::param`](crate::nn::Routed::param),
     /// and parameters with a use whose gradient never came (it did not reach the loss).
     pub after_backward: usize,
 }
 
 /// The decorator: a cheap, clonable handle that a model keeps (`#[module(skip)]`) to route its
-/// parameters, and that runs the training step. See the [module docs](self).
+/// parameters, and that runs the training step.
+///
+/// Optimizer steps inside `backward()`: each parameter is updated as soon as its gradient is
+/// complete, and the gradient is freed right away, so the pool of one gradient per parameter
+/// that standard training holds until `optimizer.step()` never forms (LOMO; PyTorch's
+/// "optimizer step in backward").
+///
+/// [`InBackward`] decorates Burn's own [`ModuleOptimizer`]: whatever per-tensor optimizer it
+/// holds (AdamW, Adam, SGD with momentum, Lion, Muon, Adafactor, …), its parameter groups,
+/// per-group learning rates, per-tensor gradient clipping (`with_grad_clipping`, by value or by
+/// norm) and its record all work unchanged, because each in-backward update *is* a
+/// `ModuleOptimizer::step` over one parameter, seen at its path in the model.
+///
+/// # How a model opts in
+/// In the forward pass, read each trained parameter through [`Routed::param`] with the input
+/// of the layer that uses it as the *anchor*, instead of `param.val()` ([`Routed`]'s layer
+/// methods do this for Burn's linear, embedding and RMSNorm and for this crate's layers):
+///
+/// ```ignore
+/// let route = Routed::new(Some(&in_backward)); // `None`: the plain forward pass
+/// let weight = route.param(&linear.weight, &x);
+/// let bias = linear.bias.as_ref().map(|b| route.param(b, &x));
+/// let y = burn::tensor::module::linear(x, weight, bias);
+/// ```
+///
+/// [`Routed`]: crate::nn::Routed
+/// [`Routed::param`]: crate::nn::Routed::param
+///
+/// The anchor only sets *when* the update runs: right after the layer's own backward step. A
+/// parameter used twice (tied weights) is updated once, after both uses' gradients are summed.
+/// Then train with [`InBackward::step`] instead of `loss.backward()` + `optimizer.step(..)`.
+/// A parameter that is read with `val()` instead still trains, after backward, the standard way.
+///
+/// # Memory
+/// [`InBackward::step`] takes the model by value and holds its parameters aside during
+/// backward. When a parameter's update runs, the model's handle on its old value is released
+/// first, so the weights are never held twice. The extra memory of an update is that parameter's
+/// gradient and the optimizer's temporaries: with Burn's AdamW on Flex one more parameter-sized
+/// tensor (the new weights, made before the old ones are freed), on Cube several; with
+/// [`FusedAdamW`](crate::optim::FusedAdamW), [`FusedSgd`](crate::optim::FusedSgd) or
+/// [`FusedLion`](crate::optim::FusedLion), which write in place, none. This needs the step to
+/// own the only handle on the weights: a clone of the model kept elsewhere makes every update
+/// be written beside the old weights (and leaves that clone as it was). burn-train's default
+/// loop is such a case, since its `Learner` keeps its copy while it optimizes; train through
+/// [`InBackwardTraining`] instead, which holds the model alone.
+///
+/// # What cannot work in backward
+/// - Gradient accumulation: a parameter is updated as soon as one batch's gradient is complete,
+///   so gradients of several batches are never summed. [`InBackward::defer`] rejects a second
+///   batch before the first is stepped.
+/// - Clipping by the global norm of all gradients: the norm is known only once every gradient
+///   exists, which is what this removes. (Burn 0.22's `GradientClipping` is per tensor.)
+/// - Distributed data parallel: the gradient never reaches the parameter, so Burn's all-reduce
+///   of it never runs.
 #[derive(Clone, Default)]
 pub struct InBackward {
     state: Arc<Mutex<StepState>>,
