@@ -1,6 +1,7 @@
 //! The reference decoder-only language model every burn-memwall part is measured against.
 
 mod attention;
+mod budget;
 mod config;
 mod linear;
 mod mlp;
@@ -8,6 +9,10 @@ mod model;
 mod reversible;
 
 pub use attention::CausalSelfAttention;
+pub use budget::{
+    BatchShape, CHAIN_BYTES_PER_BLOCK, GRAPH_BYTES_PER_OP, ROUTED_USE_BYTES, parameter_census,
+    saved_activations,
+};
 pub use config::{AttentionKind, BlockKind, LmConfig, LossKind, MlpKind, PRESETS, human_count};
 use linear::counter_config;
 pub use linear::{BlockLinear, LinearKind};
