@@ -9,18 +9,17 @@
 //! full logits + `CrossEntropyLoss` and AdamW after backward; `memwall`, `memwall-sgd`,
 //! `memwall-counter`); then each row of [`PARTS`] changes one part or combines several, so that
 //! each burn-memwall part has its own row. A stack that runs out of memory is reported as a row
-//! that does not fit, and the others still run.
+//! that does not fit, and the others still run. Beside each measured peak stands the memory
+//! budget's prediction (`lm::step_budget`) and their ratio, where the budget models the stack
+//! and the device (Flex, dense linears).
 
 use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
+use burn_memwall::memory::budget::DeviceMemory;
 use burn_memwall::memory::{CountingAllocator, human_bytes};
 use burn_memwall_models::data::{TextTokenizer, load_text};
-use burn_memwall_models::lm::{
-    AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, human_count,
-};
-use burn_memwall_models::training::{
-    Stack as NamedStack, StepOptimizer, Switches, measure_training_steps,
-};
+use burn_memwall_models::lm::{LmConfig, StepShape, human_count, step_budget};
+use burn_memwall_models::training::{every_stack, find_stack, measure_training_steps};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -73,142 +72,6 @@ struct Args {
     worker: Option<String>,
 }
 
-/// A row's name and what it turns on.
-#[derive(Clone)]
-struct Stack {
-    name: &'static str,
-    switches: Switches,
-}
-
-const BASELINE: Switches = NamedStack::Baseline.switches();
-const FLASH_FUSED: Switches = Switches {
-    attention: AttentionKind::Flash,
-    loss: LossKind::Fused,
-    ..BASELINE
-};
-
-const fn part(name: &'static str, switches: Switches) -> Stack {
-    Stack { name, switches }
-}
-
-/// The rows of single parts and their combinations, reported after the named stacks. The
-/// reversible rows have the baseline's parameters in another architecture; the linear rows
-/// change the blocks' linears only (embeddings, norms and head stay dense).
-const PARTS: [Stack; 14] = [
-    part(
-        "flash-attention",
-        Switches {
-            attention: AttentionKind::Flash,
-            ..BASELINE
-        },
-    ),
-    part(
-        "fused-loss",
-        Switches {
-            loss: LossKind::Fused,
-            ..BASELINE
-        },
-    ),
-    part("flash+fused", FLASH_FUSED),
-    part(
-        "in-backward",
-        Switches {
-            optimizer: StepOptimizer::InBackwardAdamW,
-            ..BASELINE
-        },
-    ),
-    part(
-        "in-backward-fused-adamw",
-        Switches {
-            optimizer: StepOptimizer::InBackwardFusedAdamW,
-            ..BASELINE
-        },
-    ),
-    part(
-        "in-backward-sgd",
-        Switches {
-            optimizer: StepOptimizer::InBackwardSgd,
-            ..BASELINE
-        },
-    ),
-    part(
-        "in-backward-fused-sgd",
-        Switches {
-            optimizer: StepOptimizer::InBackwardFusedSgd,
-            ..BASELINE
-        },
-    ),
-    part(
-        "flash+fused+in-backward",
-        Switches {
-            optimizer: StepOptimizer::InBackwardAdamW,
-            ..FLASH_FUSED
-        },
-    ),
-    part(
-        "all-fused",
-        Switches {
-            optimizer: StepOptimizer::InBackwardFusedAdamW,
-            ..FLASH_FUSED
-        },
-    ),
-    part(
-        "reversible",
-        Switches {
-            blocks: BlockKind::Reversible,
-            ..BASELINE
-        },
-    ),
-    part(
-        "reversible+flash+fused",
-        Switches {
-            blocks: BlockKind::Reversible,
-            ..FLASH_FUSED
-        },
-    ),
-    part(
-        "ternary",
-        Switches {
-            linear: LinearKind::Ternary,
-            ..BASELINE
-        },
-    ),
-    part(
-        "counter",
-        Switches {
-            linear: LinearKind::Counter,
-            ..BASELINE
-        },
-    ),
-    part(
-        "counter+all-fused",
-        Switches {
-            linear: LinearKind::Counter,
-            optimizer: StepOptimizer::InBackwardFusedAdamW,
-            ..FLASH_FUSED
-        },
-    ),
-];
-
-/// Every stack memgate knows, in the order they are reported.
-fn stacks() -> Vec<Stack> {
-    NamedStack::ALL
-        .into_iter()
-        .map(|named| part(named.name(), named.switches()))
-        .chain(PARTS.iter().cloned())
-        .collect()
-}
-
-fn find_stack(name: &str) -> Result<Stack, String> {
-    let stacks = stacks();
-    let names: Vec<&str> = stacks.iter().map(|s| s.name).collect();
-    let message = format!(
-        "unknown stack `{name}`; expected one of {}",
-        names.join(", ")
-    );
-    stacks.into_iter().find(|s| s.name == name).ok_or(message)
-}
-
 #[derive(Serialize, Deserialize, Debug, Clone)]
 struct Row {
     stack: String,
@@ -226,6 +89,8 @@ struct Row {
     activation_and_workspace_bytes: u64,
     /// What the forward pass left alive for backward (measured).
     saved_activation_bytes: u64,
+    /// The budget's prediction of `peak_bytes`, where it models the stack and the device.
+    predicted_peak_bytes: Option<u64>,
     tokens_per_s: f64,
     loss: f32,
 }
@@ -249,7 +114,7 @@ fn main() {
 
 fn run_all(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let stacks: Vec<String> = if args.stacks.is_empty() {
-        self::stacks().iter().map(|s| s.name.to_string()).collect()
+        every_stack().iter().map(|s| s.name.to_string()).collect()
     } else {
         args.stacks.clone()
     };
@@ -318,10 +183,12 @@ struct Report {
 
 fn print_table(rows: &[Row], unfit: &[Unfit]) {
     println!(
-        "{:<24} {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
+        "{:<24} {:<22} {:>12} {:>12} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
         "stack",
         "device",
         "peak",
+        "predicted",
+        "ratio",
         "persistent",
         "params",
         "optim",
@@ -332,11 +199,20 @@ fn print_table(rows: &[Row], unfit: &[Unfit]) {
         "loss"
     );
     for r in rows {
+        let (predicted, ratio) = match r.predicted_peak_bytes {
+            Some(bytes) => (
+                human_bytes(bytes),
+                format!("{:.3}", bytes as f64 / r.peak_bytes as f64),
+            ),
+            None => ("-".to_owned(), "-".to_owned()),
+        };
         println!(
-            "{:<24} {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10.0} {:>8.4}",
+            "{:<24} {:<22} {:>12} {:>12} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10.0} {:>8.4}",
             r.stack,
             r.device,
             human_bytes(r.peak_bytes),
+            predicted,
+            ratio,
             human_bytes(r.persistent_bytes),
             human_bytes(r.parameter_bytes),
             human_bytes(r.optimizer_state_bytes),
@@ -381,6 +257,11 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
         &config, optimizer, &windows, args.batch, args.steps, args.lr, args.seed, &device,
     )?;
     let pools = measured.pools;
+    let predicted_peak_bytes = DeviceMemory::of(&device).and_then(|memory| {
+        let shape = StepShape::f32(args.batch, args.seq);
+        let budget = step_budget(&config, &optimizer.plan(), shape, memory).ok()?;
+        Some(budget.peak())
+    });
     Ok(Row {
         stack: name.to_owned(),
         device: describe(&device),
@@ -396,6 +277,7 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
         gradient_bytes: pools.gradients,
         activation_and_workspace_bytes: pools.activations_and_workspace,
         saved_activation_bytes: measured.saved_activations,
+        predicted_peak_bytes,
         tokens_per_s: measured.tokens_per_s,
         loss: measured.loss,
     })

@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release --example train                       # tiny model, embedded corpus, auto device, the memwall stack
 //! cargo run --release --example train -- --stack baseline   # Burn's own path, for comparison
+//! cargo run --release --example train -- --model small --seq 512 --fit 300MiB   # the cheapest stack that fits
 //! cargo run --release --example train -- --data FILE --tokenizer bpe --vocab 2048 --model small
 //! cargo run --release --example train -- --resume           # continue the run in --artifacts exactly
 //! cargo run --release --example train -- --overwrite        # a new run in place of the one in --artifacts
@@ -11,15 +12,17 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use burn::prelude::Device;
 use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
-use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes};
+use burn_memwall::memory::budget::DeviceMemory;
+use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes, parse_bytes};
 use burn_memwall_models::data::{Corpus, TextTokenizer, load_text, split_text};
 use burn_memwall_models::lm::{
-    AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, PRESETS, human_count,
+    AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, PRESETS, StepShape, human_count,
 };
 use burn_memwall_models::training::{
-    Artifacts, LossCurve, RunConfig, Stack, Start, TrainingConfig, train,
+    Artifacts, LossCurve, NamedSwitches, Plan, RunConfig, Start, TrainingConfig, find_stack, train,
 };
 use clap::{Parser, ValueEnum};
 
@@ -82,9 +85,15 @@ struct Args {
     model: String,
     /// The set of switches to train with: baseline (Burn's own path), memwall (flash attention,
     /// fused loss, full-width reversible blocks, FusedAdamW in backward), memwall-sgd (SGD in
-    /// backward) or memwall-counter (every matrix a counter code). The flags below override single parts.
+    /// backward), memwall-counter (every matrix a counter code), or any single-part stack that
+    /// memgate measures (flash+fused, all-fused, …). The flags below override single parts.
     #[arg(long, default_value = "memwall")]
     stack: String,
+    /// Pick the stack by the memory budget: the cheapest in step time whose predicted peak
+    /// fits in this much memory (e.g. 6GiB, 8GB), or stop with the smallest that would work.
+    /// Flex only so far.
+    #[arg(long, value_parser = parse_bytes, conflicts_with_all = ["stack", "attention", "blocks", "linear", "loss"])]
+    fit: Option<u64>,
     /// Attention implementation; both train the same weights.
     #[arg(long, value_enum)]
     attention: Option<AttentionArg>,
@@ -209,8 +218,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut model = LmConfig::preset(&args.model)?;
     model.vocab_size = corpus.tokenizer().vocab_size();
-    let stack = Stack::from_name(&args.stack)?;
-    let mut switches = stack.switches();
+    let stack = match args.fit {
+        None => find_stack(&args.stack)?,
+        Some(available) => fit_stack(&model, &args, &device, available)?,
+    };
+    let mut switches = stack.switches;
     if let Some(attention) = args.attention {
         switches.attention = match attention {
             AttentionArg::Burn => AttentionKind::Burn,
@@ -261,12 +273,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     println!(
         "stack {}: attention {:?}, loss {:?}, blocks {:?}, linears {:?}, optimizer {:?}",
-        stack.name(),
-        model.attention,
-        model.loss,
-        model.blocks,
-        model.linear,
-        optimizer
+        stack.name, model.attention, model.loss, model.blocks, model.linear, optimizer
     );
     let decay = match args.decay {
         0 => String::new(),
@@ -280,7 +287,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         "{} ({} parameters), stack {}, seq {}, batch {}, {}",
         args.model,
         human_count(model.param_count()),
-        stack.name(),
+        stack.name,
         args.seq,
         args.batch,
         describe(&device)
@@ -409,6 +416,36 @@ fn plot_loss(
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+/// The cheapest stack whose predicted step fits in `available` bytes, said with why.
+fn fit_stack(
+    model: &LmConfig,
+    args: &Args,
+    device: &Device,
+    available: u64,
+) -> Result<NamedSwitches, Box<dyn std::error::Error>> {
+    let memory = DeviceMemory::of(device).ok_or_else(|| {
+        format!(
+            "--fit predicts Flex's memory only so far, not {}'s pools: choose a stack with \
+             memgate's measured rows",
+            describe(device)
+        )
+    })?;
+    let plan = Plan::new(model, StepShape::f32(args.batch, args.seq), memory)?;
+    let chosen = plan.choose(available)?;
+    let peak = chosen.budget.peak_phase();
+    println!(
+        "--fit {}: stack {}, the cheapest in step time ({:.2}× baseline's) of the {} stacks \
+         whose predicted peak fits; predicted peak {} (at the {})",
+        human_bytes(available),
+        chosen.stack.name,
+        chosen.step_time,
+        plan.fitting(available).len(),
+        human_bytes(peak.bytes()),
+        peak.name
+    );
+    Ok(chosen.stack)
 }
 
 fn list_models() -> Result<(), Box<dyn std::error::Error>> {

@@ -38,6 +38,9 @@ pub enum Error {
     /// Training itself failed.
     #[error("training: {0}")]
     Training(String),
+    /// No stack's predicted step fits in the memory given.
+    #[error("{0}")]
+    DoesNotFit(String),
 }
 
 impl Error {

@@ -28,13 +28,15 @@
 //! [`CHAIN_BYTES_PER_BLOCK`] per reversible block. Both are measured, and Cube devices keep
 //! them in host memory, outside the device's pools.
 
-use burn_memwall::memory::budget::{ParameterCensus, Pool, Term};
+use burn::tensor::DType;
+use burn_memwall::memory::budget::{
+    Budget, DeviceMemory, OptimizerPlan, ParameterCensus, Phase, Pool, Term, UpdateTiming,
+};
+use burn_memwall::ops::fused_linear_cross_entropy::FusedCrossEntropyOptions;
 
 use super::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, MlpKind};
-use crate::Error;
 
-/// Bytes of an f32.
-const FLOAT: u64 = 4;
+use crate::Error;
 
 /// Heap bytes of one op registered in Burn's autodiff graph on Flex: its node, boxed step and
 /// state, and its entries in the server's and the memory manager's maps. Measured: the saved
@@ -69,13 +71,132 @@ fn require_dense_linears(config: &LmConfig) -> Result<(), Error> {
     )))
 }
 
-/// A training batch's shape.
+/// The sizes the formulas read, as `u64` element counts.
+#[derive(Clone, Copy)]
+struct Dims {
+    batch: u64,
+    seq: u64,
+    /// `batch · seq`.
+    tokens: u64,
+    d: u64,
+    heads: u64,
+    d_kv: u64,
+    d_ff: u64,
+    vocab: u64,
+    layers: u64,
+    /// Bytes of one float.
+    float: u64,
+}
+
+impl Dims {
+    fn new(config: &LmConfig, shape: StepShape) -> Self {
+        let (batch, seq) = (shape.batch as u64, shape.seq as u64);
+        Self {
+            batch,
+            seq,
+            tokens: batch * seq,
+            d: config.d_model as u64,
+            heads: config.n_heads as u64,
+            d_kv: (config.n_kv_heads * config.d_head()) as u64,
+            d_ff: config.d_ff as u64,
+            vocab: config.vocab_size as u64,
+            layers: config.n_layers as u64,
+            float: shape.float.size() as u64,
+        }
+    }
+
+    /// `[batch, heads, seq, seq]` float bytes: one attention score matrix per head.
+    fn scores(&self) -> u64 {
+        self.float * self.batch * self.heads * self.seq * self.seq
+    }
+}
+
+/// Matrices of one MLP.
+fn mlp_matrices(config: &LmConfig) -> u64 {
+    match config.mlp {
+        MlpKind::SwiGlu => 3,
+        MlpKind::ReluSquared => 2,
+    }
+}
+
+/// Activation-sized tensors one MLP saves (`c` in the formulas): SwiGLU `gate·x`, `σ(gate·x)`,
+/// `silu`, `up·x` and the product; ReLU² `up·x`, its ReLU and the square.
+fn mlp_saved_tensors(config: &LmConfig) -> u64 {
+    match config.mlp {
+        MlpKind::SwiGlu => 5,
+        MlpKind::ReluSquared => 3,
+    }
+}
+
+/// What one standard block saves for backward.
+struct LayerSaved {
+    bytes: u64,
+    /// Ops it registers in the graph.
+    ops: u64,
+    formula: &'static str,
+}
+
+fn standard_layer(config: &LmConfig, shape: StepShape) -> LayerSaved {
+    let dims = Dims::new(config, shape);
+    let Dims {
+        batch,
+        seq,
+        tokens,
+        d,
+        d_kv,
+        d_ff,
+        float,
+        ..
+    } = dims;
+    let rows = batch * dims.heads * seq;
+    // x and x + attention (the norms' inputs), the norms' x / rms and outputs, q and the output
+    // projection's input.
+    let common = 8 * tokens * d + mlp_saved_tensors(config) * tokens * d_ff + 4 * tokens;
+    match config.attention {
+        AttentionKind::Burn => LayerSaved {
+            bytes: float * (common + 2 * tokens * d + rows)
+                + 3 * dims.scores()
+                + (4 + 2) * rows
+                + seq * seq,
+            formula: "4·(10·T·d + c·T·d_ff + 3·B·H·S² + B·H·S + 4·T) + 6·B·H·S + S²",
+            // Norms 2 × 7, q and k 13 each, v 4, attention 12, output 4, MLP 9, residuals 2;
+            // repeating grouped heads 3 each for k and v.
+            ops: 71
+                + if config.n_kv_heads < config.n_heads {
+                    6
+                } else {
+                    0
+                },
+        },
+        AttentionKind::Flash => LayerSaved {
+            bytes: float * (common + 2 * tokens * d_kv + tokens * d + rows) + batch * seq,
+            formula: "4·(9·T·d + 2·T·d_kv + c·T·d_ff + B·H·S + 4·T) + B·S",
+            ops: 60,
+        },
+    }
+}
+
+/// The shape of a training step's batch and the float type of its tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BatchShape {
+pub struct StepShape {
     /// Sequences per batch.
     pub batch: usize,
     /// Tokens per sequence.
     pub seq: usize,
+    /// The float type of the weights, activations, gradients and optimizer state (the budget
+    /// is measured in f32, the type the reference LM trains in today).
+    pub float: DType,
+}
+
+impl StepShape {
+    /// `batch` sequences of `seq` tokens in f32.
+    pub fn f32(batch: usize, seq: usize) -> Self {
+        Self {
+            batch,
+            seq,
+            float: DType::F32,
+        }
+    }
 }
 
 /// What the forward pass of `config` keeps alive for the backward pass on a batch of `shape`,
@@ -86,66 +207,41 @@ pub struct BatchShape {
 /// (ternary and counter).
 pub fn saved_activations(
     config: &LmConfig,
-    shape: BatchShape,
+    shape: StepShape,
     routed: bool,
 ) -> Result<Vec<Term>, Error> {
     require_dense_linears(config)?;
-    let (batch, seq) = (shape.batch as u64, shape.seq as u64);
-    let tokens = batch * seq;
-    let d = config.d_model as u64;
-    let (heads, kv_heads) = (config.n_heads as u64, config.n_kv_heads as u64);
-    let d_kv = kv_heads * config.d_head() as u64;
-    let d_ff = config.d_ff as u64;
-    let vocab = config.vocab_size as u64;
-    let layers = config.n_layers as u64;
-    let rows = batch * heads * seq;
-
-    let (mlp_tensors, mlp_matrices) = match config.mlp {
-        MlpKind::SwiGlu => (5, 3),
-        MlpKind::ReluSquared => (3, 2),
-    };
-    // Two norms, four attention projections and the MLP's matrices.
-    let block_params = 2 + 4 + mlp_matrices;
+    let Dims {
+        tokens,
+        d,
+        vocab,
+        layers,
+        float,
+        ..
+    } = Dims::new(config, shape);
+    let block_params = 2 + 4 + mlp_matrices(config);
     let mut terms = Vec::new();
     let mut ops = 0;
     match config.blocks {
         BlockKind::Standard => {
-            // x and x + attention (the norms' inputs), the norms' x / rms and outputs, q and
-            // the output projection's input.
-            let common = 8 * tokens * d + mlp_tensors * tokens * d_ff + 4 * tokens;
-            let (layer, what, layer_ops) = match config.attention {
-                AttentionKind::Burn => (
-                    FLOAT * (common + 2 * tokens * d + 3 * rows * seq + rows)
-                        + (4 + 2) * rows
-                        + seq * seq,
-                    "per layer: 4·(10·T·d + c·T·d_ff + 3·B·H·S² + B·H·S + 4·T) + 6·B·H·S + S²",
-                    // Norms 2 × 7, q and k 13 each, v 4, attention 12, output 4, MLP 9,
-                    // residuals 2; repeating grouped heads 3 each for k and v.
-                    71 + if kv_heads < heads { 6 } else { 0 },
-                ),
-                AttentionKind::Flash => (
-                    FLOAT * (common + 2 * tokens * d_kv + tokens * d + rows) + batch * seq,
-                    "per layer: 4·(9·T·d + 2·T·d_kv + c·T·d_ff + B·H·S + 4·T) + B·S",
-                    60,
-                ),
-            };
+            let layer = standard_layer(config, shape);
             terms.push(Term::new(
                 Pool::SavedActivations,
-                format!("{} layers, {what}", config.n_layers),
-                layers * layer,
+                format!("{} layers, per layer: {}", config.n_layers, layer.formula),
+                layers * layer.bytes,
             ));
             terms.push(Term::new(
                 Pool::SavedActivations,
                 "final norm: input, x / rms, 2 columns: 4·(2·T·d + 2·T)",
-                FLOAT * (2 * tokens * d + 2 * tokens),
+                float * (2 * tokens * d + 2 * tokens),
             ));
-            ops += layers * layer_ops;
+            ops += layers * layer.ops;
         }
         BlockKind::Reversible => {
             terms.push(Term::new(
                 Pool::SavedActivations,
                 "reversible chain output [T, 2d], stream mean, final norm: 4·(4·T·d + 2·T)",
-                FLOAT * (4 * tokens * d + 2 * tokens),
+                float * (4 * tokens * d + 2 * tokens),
             ));
             terms.push(Term::new(
                 Pool::Backend,
@@ -163,7 +259,7 @@ pub fn saved_activations(
                 Pool::SavedActivations,
                 "Burn's loss: hidden, logits − max, a column (+ the tied head's transposed \
                  copy): 4·(T·d + T·V + T + 1) + 4·V·d if tied",
-                FLOAT * (tokens * d + tokens * vocab + tokens + 1 + tied_copy),
+                float * (tokens * d + tokens * vocab + tokens + 1 + tied_copy),
             ));
             ops += 22;
         }
@@ -171,7 +267,7 @@ pub fn saved_activations(
             terms.push(Term::new(
                 Pool::SavedActivations,
                 "fused loss: d_hidden and d_weight, computed in forward: 4·(T·d + V·d + 1)",
-                FLOAT * (tokens * d + vocab * d + 1),
+                float * (tokens * d + vocab * d + 1),
             ));
             ops += 10;
         }
@@ -207,8 +303,9 @@ pub fn saved_activations(
 ///
 /// # Errors
 /// [`Error::InvalidConfig`] for the quantised linears, whose codes are not modelled yet.
-pub fn parameter_census(config: &LmConfig) -> Result<ParameterCensus, Error> {
+pub fn parameter_census(config: &LmConfig, float: DType) -> Result<ParameterCensus, Error> {
     require_dense_linears(config)?;
+    let float = float.size() as u64;
     let elements = config.param_count() as u64;
     let d = config.d_model as u64;
     // The largest matrix: the token table (and an untied head of the same shape), an MLP
@@ -217,9 +314,322 @@ pub fn parameter_census(config: &LmConfig) -> Result<ParameterCensus, Error> {
         .max(d * config.d_ff as u64)
         .max(d * d);
     Ok(ParameterCensus {
-        bytes: FLOAT * elements,
+        bytes: float * elements,
         trained_elements: elements,
-        trained_bytes: FLOAT * elements,
-        largest_trained_bytes: FLOAT * largest,
+        trained_bytes: float * elements,
+        largest_trained_bytes: float * largest,
     })
+}
+
+/// Elements of one 64×64 tile: flash attention's backward holds a few per query block.
+const SCORE_TILE: u64 = 64 * 64;
+
+/// The batches a linear's weight gradient is computed over before it is summed. Burn's
+/// `linear` runs `[B, S, d_in] @ [1, d_in, d_out]`; its matmul keeps the batches (the weight
+/// gradient is then `[B, d_in, d_out]`, summed after) unless the rows do not fill 32-row tiles
+/// and merging the batches brings the output closer to square (burn-std's
+/// `MatmulTransformPolicy::BetterTiling`).
+fn weight_gradient_batches(batch: u64, seq: u64, d_out: u64) -> u64 {
+    let rows = batch * seq;
+    let squarer = rows.min(d_out) * seq.max(d_out) > seq.min(d_out) * rows.max(d_out);
+    if batch == 1 || seq.is_multiple_of(32) || !squarer {
+        batch
+    } else {
+        1
+    }
+}
+
+/// The budget of one training step of `config` on a batch of `shape`, trained by `optimizer`,
+/// on a device that holds tensors as `memory` does: the moments where the step can peak, each
+/// with every term alive then (derived in docs/memory-model/peak-phases.md).
+///
+/// The phases, in the order they happen:
+/// - **fused loss, forward** (fused loss): the worst chunk, its logits and weight-gradient share
+///   beside everything the model saved;
+/// - **loss backward** (Burn's loss): two `[T, vocab]` buffers beside the saved logits;
+/// - **head backward** (Burn's loss): the head's weight gradient, made per batch and summed;
+/// - **MLP backward** and **attention backward** (standard blocks), the worst block: the
+///   activations of the blocks not walked yet, the gradients already made, the op's output;
+/// - **MLP recompute** and **attention recompute** (reversible blocks), the worst block: the
+///   sub-block rebuilt with its activations and its backward run;
+/// - **embedding backward**: a zeroed `[vocab, d]` gradient beside every gradient kept;
+/// - **optimizer step** (after backward): every gradient and the update's temporaries.
+///
+/// Left out, each small next to these here: the graph's bookkeeping while backward runs, the
+/// matmul's own packing buffers, the in-backward hand-over maps.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for the linears whose saved tensors are not modelled yet
+/// (ternary and counter), and for a sequence longer than the model's context.
+pub fn step_budget(
+    config: &LmConfig,
+    optimizer: &OptimizerPlan,
+    shape: StepShape,
+    memory: DeviceMemory,
+) -> Result<Budget, Error> {
+    if shape.seq > config.max_seq_len {
+        return Err(Error::SequenceTooLong {
+            seq_len: shape.seq,
+            max_seq_len: config.max_seq_len,
+        });
+    }
+    let census = parameter_census(config, shape.float)?;
+    let after = optimizer.timing == UpdateTiming::AfterBackward;
+    let saved = saved_activations(config, shape, !after)?;
+    let dims = Dims::new(config, shape);
+    let Dims {
+        batch,
+        seq,
+        tokens,
+        d,
+        d_kv,
+        d_ff,
+        vocab,
+        layers,
+        float,
+        ..
+    } = dims;
+    let copies = memory.output_copies();
+    let graph = |ops: u64| match memory.holds_the_graph() {
+        true => ops * GRAPH_BYTES_PER_OP,
+        false => 0,
+    };
+    // Bytes of the step's tensor shapes.
+    let [td, tf, tv, vd, fd, dd, td_kv] = [
+        tokens * d,
+        tokens * d_ff,
+        tokens * vocab,
+        vocab * d,
+        d_ff * d,
+        d * d,
+        tokens * d_kv,
+    ]
+    .map(|elements| float * elements);
+    let mlp_params = float * mlp_matrices(config) * d * d_ff;
+    let layer_params = mlp_params + float * (2 * d + 2 * d * d + 2 * d * d_kv);
+    let mlp_saved = mlp_saved_tensors(config);
+    let tied = config.tie_embeddings;
+
+    let rope_tables = match config.blocks {
+        BlockKind::Standard => 1,
+        // The model's and the chain's.
+        BlockKind::Reversible => 2,
+    };
+    let persistent = [
+        Term::new(Pool::Parameters, "parameters", census.bytes),
+        Term::new(
+            Pool::Parameters,
+            format!("rotary table(s): {rope_tables} × 2·max_seq·d_head floats"),
+            rope_tables * float * 2 * (config.max_seq_len * config.d_head()) as u64,
+        ),
+        optimizer.state(&census),
+    ];
+    let phase = |name: &'static str, terms: Vec<Term>| Phase {
+        name,
+        terms: persistent.iter().cloned().chain(terms).collect(),
+    };
+    let workspace = |what: String, bytes: u64| Term::new(Pool::Workspace, what, bytes);
+    // The gradients alive when backward reaches block `l`: the head's and final norm's, and
+    // every later block's (after backward); in backward only the tied table's head share,
+    // which waits for the embedding's.
+    let gradients_at = |l: u64| match (after, tied) {
+        (true, _) => Term::new(
+            Pool::Gradients,
+            format!("head, final norm and {} later block(s)", layers - 1 - l),
+            vd + float * d + (layers - 1 - l) * layer_params,
+        ),
+        (false, true) => Term::new(
+            Pool::Gradients,
+            "the tied table's head share, until the embedding's backward",
+            vd,
+        ),
+        (false, false) => Term::new(Pool::Gradients, "none: each applied when made", 0),
+    };
+    // The worst of `phase_at(l)` over the blocks.
+    let worst_block = |phase_at: &dyn Fn(u64) -> Phase| {
+        (0..layers)
+            .map(phase_at)
+            .max_by_key(Phase::bytes)
+            .expect("a model has at least one block")
+    };
+
+    let mut phases = Vec::new();
+    match config.loss {
+        LossKind::Fused => {
+            let chunk = (FusedCrossEntropyOptions::default().chunk_tokens(vocab as usize) as u64)
+                .min(tokens);
+            let (cd, cv) = (float * chunk * d, float * chunk * vocab);
+            // The first chunk writes the weight gradient's running sum; later ones add to it.
+            let first_only = if chunk == tokens { vd } else { 0 };
+            let mut terms = saved.clone();
+            terms.push(workspace(
+                format!("hidden states, a {chunk}-token chunk's rows, its logits and weight-gradient share"),
+                td + cd + (cv + copies * vd).max(copies * cv) - first_only,
+            ));
+            phases.push(phase("fused loss, forward", terms));
+        }
+        LossKind::Burn => {
+            let mut terms = saved.clone();
+            terms.push(workspace(
+                "two [T, vocab] buffers (gather's zeros, the log-softmax gradient)".into(),
+                2 * tv,
+            ));
+            phases.push(phase("loss backward", terms));
+            let weight_gradient = match tied {
+                // A batched matmul by the table's transposed copy, which is freed first.
+                true => copies * batch * vd - vd,
+                false => copies * weight_gradient_batches(batch, seq, vocab) * vd,
+            };
+            let mut terms = saved.clone();
+            terms.push(workspace(
+                "hidden-state gradient, the head's weight gradient made per batch".into(),
+                td + weight_gradient,
+            ));
+            phases.push(phase("head backward", terms));
+        }
+    }
+    let down_gradient = copies * weight_gradient_batches(batch, seq, d) * fd;
+    match config.blocks {
+        BlockKind::Standard => {
+            let layer = standard_layer(config, shape);
+            // What blocks 0..=l still hold when backward reaches block l.
+            let saved_to = |l: u64| {
+                vec![
+                    Term::new(
+                        Pool::SavedActivations,
+                        format!("blocks 0..={l}"),
+                        (l + 1) * layer.bytes,
+                    ),
+                    Term::new(
+                        Pool::Backend,
+                        "their autodiff graph",
+                        graph((l + 1) * layer.ops),
+                    ),
+                ]
+            };
+            phases.push(worst_block(&|l| {
+                let mut terms = saved_to(l);
+                terms.push(gradients_at(l));
+                terms.push(workspace(
+                    format!(
+                        "block {l}: output gradient, MLP-input gradient, down-projection weight \
+                         gradient made per batch"
+                    ),
+                    td + tf + ((copies - 1) * tf).max(down_gradient),
+                ));
+                phase("MLP backward", terms)
+            }));
+            phases.push(worst_block(&|l| {
+                let mut terms = saved_to(l);
+                // Block l's MLP has given back its activations, its norm's and its input.
+                terms[0] = Term::new(
+                    Pool::SavedActivations,
+                    format!("blocks 0..{l}, and block {l}'s attention part"),
+                    (l + 1) * layer.bytes
+                        - float * (mlp_saved * tokens * d_ff + 4 * tokens * d + 2 * tokens),
+                );
+                terms.push(gradients_at(l));
+                if after {
+                    terms.push(Term::new(
+                        Pool::Gradients,
+                        format!("block {l}'s MLP and output projection"),
+                        mlp_params + dd,
+                    ));
+                }
+                let op = match config.attention {
+                    AttentionKind::Burn => copies * dims.scores(),
+                    AttentionKind::Flash => td + 3 * td_kv + 4 * float * SCORE_TILE,
+                };
+                terms.push(workspace(
+                    format!(
+                        "block {l}: two activation gradients and the attention backward's buffers"
+                    ),
+                    2 * td + op,
+                ));
+                phase("attention backward", terms)
+            }));
+        }
+        BlockKind::Reversible => {
+            // The loss, the final norm and the chain's output are consumed by now; the chain's
+            // handles, in-backward uses and graph remain.
+            let chain: Vec<Term> = saved
+                .iter()
+                .filter(|term| term.pool == Pool::Backend)
+                .cloned()
+                .collect();
+            phases.push(worst_block(&|b| {
+                let mut terms = chain.clone();
+                terms.push(gradients_at(b));
+                terms.push(workspace(
+                    format!(
+                        "block {b}: the walk's y, dy; the MLP rebuilt (norm, output and its \
+                         gradient, c + 1 [T, d_ff]); the down-projection weight gradient"
+                    ),
+                    float * 8 * tokens * d
+                        + (mlp_saved + 1) * tf
+                        + ((copies - 1) * tf).max(down_gradient)
+                        + float * 2 * tokens,
+                ));
+                phase("MLP recompute", terms)
+            }));
+            phases.push(worst_block(&|b| {
+                let mut terms = chain.clone();
+                terms.push(gradients_at(b));
+                if after {
+                    terms.push(Term::new(
+                        Pool::Gradients,
+                        format!("block {b}'s MLP"),
+                        mlp_params,
+                    ));
+                }
+                let rows = batch * dims.heads * seq;
+                let attention = match config.attention {
+                    AttentionKind::Burn => {
+                        float * 13 * tokens * d
+                            + (3 + copies) * dims.scores()
+                            + 12 * rows
+                            + seq * seq
+                    }
+                    AttentionKind::Flash => {
+                        float * 13 * tokens * d + 5 * td_kv + 4 * float * SCORE_TILE
+                    }
+                };
+                terms.push(workspace(
+                    format!(
+                        "block {b}: the walk's state, the attention rebuilt and its backward, \
+                         the output projection's gradient"
+                    ),
+                    attention + dd,
+                ));
+                phase("attention recompute", terms)
+            }));
+        }
+    }
+    let kept = match (after, tied) {
+        // The head's share holds the tied table's gradient, which the embedding's adds to.
+        (true, true) => census.trained_bytes,
+        (true, false) => census.trained_bytes - vd,
+        (false, true) => vd,
+        (false, false) => 0,
+    };
+    phases.push(phase(
+        "embedding backward",
+        vec![
+            Term::new(Pool::Gradients, "every gradient kept so far", kept),
+            workspace(
+                "the embedding's output gradient and its zeroed [vocab, d] gradient".into(),
+                td + copies * vd,
+            ),
+        ],
+    ));
+    if after {
+        phases.push(phase(
+            "optimizer step",
+            vec![
+                optimizer.gradients(&census),
+                optimizer.update_temporaries(&census),
+            ],
+        ));
+    }
+    Ok(Budget { phases })
 }

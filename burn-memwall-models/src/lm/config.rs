@@ -99,9 +99,16 @@ pub struct LmConfig {
 /// The named sizes, smallest first.
 pub const PRESETS: [&str; 4] = ["tiny", "small", "gpt2-124m", "llama-1b"];
 
+/// Published Llama-family shapes by size, for the memory budget (each trains like any preset,
+/// given the memory): `0.5b` Qwen2.5-0.5B, `1b` TinyLlama-1.1B (= `llama-1b`), `3b`
+/// Llama-3.2-3B, `7b` and `13b` Llama-2, `34b` CodeLlama-34B, `70b` Llama-2-70B. Each has its
+/// model's vocabulary, grouped heads, tying and context length.
+pub const SIZE_PRESETS: [&str; 7] = ["0.5b", "1b", "3b", "7b", "13b", "34b", "70b"];
+
 impl LmConfig {
     /// A named size: `tiny` (~1M parameters, byte vocabulary), `small` (~10M), `gpt2-124m`
-    /// (GPT-2 small's shape and vocabulary), `llama-1b` (TinyLlama's 1.1B shape).
+    /// (GPT-2 small's shape and vocabulary), `llama-1b` (TinyLlama's 1.1B shape), or one of
+    /// the [`SIZE_PRESETS`].
     pub fn preset(name: &str) -> Result<Self, Error> {
         let config = match name {
             "tiny" => Self::new(256, 128, 5, 4, 4, 384, 256),
@@ -109,11 +116,22 @@ impl LmConfig {
             "gpt2-124m" => {
                 Self::new(50257, 768, 12, 12, 12, 3072, 1024).with_mlp(MlpKind::ReluSquared)
             }
-            "llama-1b" => Self::new(32000, 2048, 22, 32, 4, 5632, 2048).with_tie_embeddings(false),
+            "llama-1b" | "1b" => {
+                Self::new(32000, 2048, 22, 32, 4, 5632, 2048).with_tie_embeddings(false)
+            }
+            "0.5b" => Self::new(151936, 896, 24, 14, 2, 4864, 32768).with_rope_theta(1e6),
+            "3b" => Self::new(128256, 3072, 28, 24, 8, 8192, 131072).with_rope_theta(5e5),
+            "7b" => Self::new(32000, 4096, 32, 32, 32, 11008, 4096).with_tie_embeddings(false),
+            "13b" => Self::new(32000, 5120, 40, 40, 40, 13824, 4096).with_tie_embeddings(false),
+            "34b" => Self::new(32000, 8192, 48, 64, 8, 22016, 16384)
+                .with_tie_embeddings(false)
+                .with_rope_theta(1e6),
+            "70b" => Self::new(32000, 8192, 80, 64, 8, 28672, 4096).with_tie_embeddings(false),
             _ => {
                 return Err(Error::InvalidConfig(format!(
-                    "unknown model `{name}`; expected one of {}",
-                    PRESETS.join(", ")
+                    "unknown model `{name}`; expected one of {}, or a size: {}",
+                    PRESETS.join(", "),
+                    SIZE_PRESETS.join(", ")
                 )));
             }
         };

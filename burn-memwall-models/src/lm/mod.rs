@@ -10,10 +10,12 @@ mod reversible;
 
 pub use attention::CausalSelfAttention;
 pub use budget::{
-    BatchShape, CHAIN_BYTES_PER_BLOCK, GRAPH_BYTES_PER_OP, ROUTED_USE_BYTES, parameter_census,
-    saved_activations,
+    CHAIN_BYTES_PER_BLOCK, GRAPH_BYTES_PER_OP, ROUTED_USE_BYTES, StepShape, parameter_census,
+    saved_activations, step_budget,
 };
-pub use config::{AttentionKind, BlockKind, LmConfig, LossKind, MlpKind, PRESETS, human_count};
+pub use config::{
+    AttentionKind, BlockKind, LmConfig, LossKind, MlpKind, PRESETS, SIZE_PRESETS, human_count,
+};
 use linear::counter_config;
 pub use linear::{BlockLinear, LinearKind};
 pub use mlp::Mlp;

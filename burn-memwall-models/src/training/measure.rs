@@ -5,6 +5,8 @@ use std::time::Instant;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::ModuleOptimizer;
 use burn::prelude::*;
+use burn::tensor::DType;
+use burn_memwall::memory::budget::ParameterCensus;
 use burn_memwall::memory::{MemoryMeter, PoolBreakdown};
 use burn_memwall::optim::train_step;
 
@@ -80,10 +82,7 @@ pub fn measure_training_steps(
         .with_in_backward(optimizer.in_backward());
     let sizes = initialize_parameters(&model);
     // Gradients of the trained parameters: all at once after backward, or one at a time in it.
-    let gradient_bytes = match optimizer {
-        StepOptimizer::AdamW => sizes.trained_bytes,
-        _ => sizes.largest_trained_bytes,
-    };
+    let gradient_bytes = optimizer.plan().gradients(&sizes).bytes;
     let mut optimizer = optimizer.init(WEIGHT_DECAY);
     let parameter_bytes = sizes.bytes;
 
@@ -158,41 +157,21 @@ fn update(
         .expect("a model on an autodiff device")
 }
 
-/// What a model's parameters hold, in bytes of their own types.
-pub(super) struct ParameterSizes {
-    /// Every parameter and buffer: weights, and the codes and statistics of counter linears.
-    bytes: u64,
-    /// The float parameters that train (those the optimizer steps and that get a gradient).
-    trained_bytes: u64,
-    largest_trained_bytes: u64,
-}
-
-/// Draws every parameter's initial value now, in the model's own order, and returns their
-/// sizes. Burn initializes parameters lazily, at their first read: left to the first forward
-/// pass, the draw order (and so the weights) would depend on the stack, and the first step
-/// would count the weights as activations.
-pub(super) fn initialize_parameters(model: &LanguageModel) -> ParameterSizes {
-    struct Sizes(ParameterSizes);
-    impl ModuleVisitor for Sizes {
+/// Draws every parameter's initial value now, in the model's own order, and counts them.
+/// Burn initializes parameters lazily, at their first read: left to the first forward pass, the
+/// draw order (and so the weights) would depend on the stack, and the first step would count
+/// the weights as activations.
+pub(super) fn initialize_parameters(model: &LanguageModel) -> ParameterCensus {
+    struct Draw;
+    impl ModuleVisitor for Draw {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            let value = param.val();
-            let bytes = (value.shape().num_elements() * value.dtype().size()) as u64;
-            self.0.bytes += bytes;
-            if value.is_require_grad() {
-                self.0.trained_bytes += bytes;
-                self.0.largest_trained_bytes = self.0.largest_trained_bytes.max(bytes);
-            }
+            param.val();
         }
         fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<D, Int>>) {
-            let value = param.val();
-            self.0.bytes += (value.shape().num_elements() * value.dtype().size()) as u64;
+            param.val();
         }
     }
-    let mut sizes = Sizes(ParameterSizes {
-        bytes: 0,
-        trained_bytes: 0,
-        largest_trained_bytes: 0,
-    });
-    model.visit(&mut sizes);
-    sizes.0
+    model.visit(&mut Draw);
+    // Every parameter is drawn, so each reports its own type.
+    ParameterCensus::of(model, DType::F32)
 }

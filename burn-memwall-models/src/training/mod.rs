@@ -5,6 +5,7 @@ mod curve;
 mod loader;
 mod measure;
 mod optimizer;
+mod plan;
 mod progress;
 mod schedule;
 mod stack;
@@ -26,8 +27,9 @@ pub use curve::LossCurve;
 pub use loader::EpochLoader;
 pub use measure::{StepMeasurement, measure_training_steps};
 pub use optimizer::StepOptimizer;
+pub use plan::{Candidate, Plan};
 pub use progress::{EpochRecord, ProgressLog, ProgressRenderer};
-pub use stack::{Stack, Switches};
+pub use stack::{NamedSwitches, PARTS, Stack, Switches, every_stack, find_stack};
 pub use step::{LmOutput, MeanLoss, PerplexityFromLoss};
 
 use crate::Error;

@@ -1,6 +1,7 @@
 //! Which optimizer trains the model, and whether it steps during backward.
 
 use burn::optim::{AdamWConfig, ModuleOptimizer, SgdConfig};
+use burn_memwall::memory::budget::{OptimizerPlan, UpdateTiming};
 use burn_memwall::optim::{FusedAdamWConfig, FusedSgdConfig, InBackward};
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +34,28 @@ impl StepOptimizer {
                 .init(),
             Self::InBackwardSgd => SgdConfig::new().init(),
             Self::InBackwardFusedSgd => FusedSgdConfig::new().init(),
+        }
+    }
+
+    /// What the optimizer holds, for the memory budget. Burn's AdamW on Flex allocates one
+    /// parameter-sized temporary per update (element-wise ops run in place on unique tensors,
+    /// docs/memory-model/peak-phases.md, M9); its SGD without momentum and the fused updates
+    /// work in place.
+    pub fn plan(self) -> OptimizerPlan {
+        let (moments, update_temporaries) = match self {
+            Self::AdamW | Self::InBackwardAdamW => (2, 1),
+            Self::InBackwardFusedAdamW => (2, 0),
+            Self::InBackwardSgd => (0, 0),
+            Self::InBackwardFusedSgd => (1, 0),
+        };
+        let timing = match self {
+            Self::AdamW => UpdateTiming::AfterBackward,
+            _ => UpdateTiming::InBackward,
+        };
+        OptimizerPlan {
+            moments,
+            timing,
+            update_temporaries,
         }
     }
 

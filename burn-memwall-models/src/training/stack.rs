@@ -114,3 +114,146 @@ impl Switches {
         self.optimizer
     }
 }
+
+/// A stack by name: one of the named [`Stack`]s or of the [`PARTS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NamedSwitches {
+    pub name: &'static str,
+    pub switches: Switches,
+}
+
+const BASELINE: Switches = Stack::Baseline.switches();
+const FLASH_FUSED: Switches = Switches {
+    attention: AttentionKind::Flash,
+    loss: LossKind::Fused,
+    ..BASELINE
+};
+
+const fn part(name: &'static str, switches: Switches) -> NamedSwitches {
+    NamedSwitches { name, switches }
+}
+
+/// Single parts and their combinations, each measured on its own by memgate after the named
+/// stacks. The
+/// reversible rows have the baseline's parameters in another architecture; the linear rows
+/// change the blocks' linears only (embeddings, norms and head stay dense).
+pub const PARTS: [NamedSwitches; 14] = [
+    part(
+        "flash-attention",
+        Switches {
+            attention: AttentionKind::Flash,
+            ..BASELINE
+        },
+    ),
+    part(
+        "fused-loss",
+        Switches {
+            loss: LossKind::Fused,
+            ..BASELINE
+        },
+    ),
+    part("flash+fused", FLASH_FUSED),
+    part(
+        "in-backward",
+        Switches {
+            optimizer: StepOptimizer::InBackwardAdamW,
+            ..BASELINE
+        },
+    ),
+    part(
+        "in-backward-fused-adamw",
+        Switches {
+            optimizer: StepOptimizer::InBackwardFusedAdamW,
+            ..BASELINE
+        },
+    ),
+    part(
+        "in-backward-sgd",
+        Switches {
+            optimizer: StepOptimizer::InBackwardSgd,
+            ..BASELINE
+        },
+    ),
+    part(
+        "in-backward-fused-sgd",
+        Switches {
+            optimizer: StepOptimizer::InBackwardFusedSgd,
+            ..BASELINE
+        },
+    ),
+    part(
+        "flash+fused+in-backward",
+        Switches {
+            optimizer: StepOptimizer::InBackwardAdamW,
+            ..FLASH_FUSED
+        },
+    ),
+    part(
+        "all-fused",
+        Switches {
+            optimizer: StepOptimizer::InBackwardFusedAdamW,
+            ..FLASH_FUSED
+        },
+    ),
+    part(
+        "reversible",
+        Switches {
+            blocks: BlockKind::Reversible,
+            ..BASELINE
+        },
+    ),
+    part(
+        "reversible+flash+fused",
+        Switches {
+            blocks: BlockKind::Reversible,
+            ..FLASH_FUSED
+        },
+    ),
+    part(
+        "ternary",
+        Switches {
+            linear: LinearKind::Ternary,
+            ..BASELINE
+        },
+    ),
+    part(
+        "counter",
+        Switches {
+            linear: LinearKind::Counter,
+            ..BASELINE
+        },
+    ),
+    part(
+        "counter+all-fused",
+        Switches {
+            linear: LinearKind::Counter,
+            optimizer: StepOptimizer::InBackwardFusedAdamW,
+            ..FLASH_FUSED
+        },
+    ),
+];
+
+/// Every stack, the named ones first, then the [`PARTS`]: the rows memgate measures.
+pub fn every_stack() -> Vec<NamedSwitches> {
+    Stack::ALL
+        .into_iter()
+        .map(|named| part(named.name(), named.switches()))
+        .chain(PARTS)
+        .collect()
+}
+
+/// The stack of [`every_stack`] called `name`.
+pub fn find_stack(name: &str) -> Result<NamedSwitches, Error> {
+    let stacks = every_stack();
+    stacks
+        .iter()
+        .find(|stack| stack.name == name)
+        .copied()
+        .ok_or_else(|| {
+            let names: Vec<&str> = stacks.iter().map(|stack| stack.name).collect();
+            Error::InvalidConfig(format!(
+                "unknown stack `{name}`; expected one of {}",
+                names.join(", ")
+            ))
+        })
+}

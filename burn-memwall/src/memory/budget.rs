@@ -224,6 +224,37 @@ impl ParameterCensus {
     }
 }
 
+/// How a device holds a step's tensors, as far as the budget needs to know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceMemory {
+    /// Flex: tensors on the process heap, beside the autodiff graph. A buffer made empty or
+    /// zeroed (every matmul output, `zeros`) is allocated as bytes and then copied into a
+    /// 16-aligned allocation while the first is still live, so it is briefly held twice.
+    Heap,
+}
+
+impl DeviceMemory {
+    /// How `device` holds tensors, where the budget models it: `None` for Cube devices, whose
+    /// pools are not modelled yet.
+    pub fn of(device: &Device) -> Option<Self> {
+        device.memory_pool_usage().is_none().then_some(Self::Heap)
+    }
+
+    /// How many times a new matmul output or zeroed buffer is held at its creation.
+    pub fn output_copies(self) -> u64 {
+        match self {
+            Self::Heap => 2,
+        }
+    }
+
+    /// Whether the autodiff graph's bookkeeping is held in this memory.
+    pub fn holds_the_graph(self) -> bool {
+        match self {
+            Self::Heap => true,
+        }
+    }
+}
+
 /// When the optimizer updates the parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UpdateTiming {

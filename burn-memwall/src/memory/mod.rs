@@ -10,4 +10,4 @@ mod counting_allocator;
 mod pools;
 
 pub use counting_allocator::CountingAllocator;
-pub use pools::{MemoryMeter, PoolBreakdown, human_bytes};
+pub use pools::{MemoryMeter, ParseBytesError, PoolBreakdown, human_bytes, parse_bytes};

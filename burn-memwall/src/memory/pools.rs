@@ -125,3 +125,67 @@ pub fn human_bytes(bytes: u64) -> String {
         format!("{value:.2} {}", UNITS[unit])
     }
 }
+
+/// A size [`parse_bytes`] could not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "`{0}` is not a size: expected a number and a unit, such as 6GiB, 512 MiB, 8GB or 1.5TiB \
+     (KB, MB, GB, TB are powers of 1000; KiB, MiB, GiB, TiB of 1024)"
+)]
+pub struct ParseBytesError(String);
+
+/// `"6GiB"` → `6 · 2³⁰`, `"8 GB"` → `8 · 10⁹`: a memory size as people write it. The unit is
+/// required (B, KB, MB, GB, TB, or KiB, MiB, GiB, TiB, in any case).
+pub fn parse_bytes(text: &str) -> Result<u64, ParseBytesError> {
+    let error = || ParseBytesError(text.to_owned());
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(error)?;
+    let (number, unit) = trimmed.split_at(split);
+    let number: f64 = number.parse().map_err(|_| error())?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => return Err(error()),
+    };
+    let bytes = number * scale;
+    match bytes.is_finite() && bytes >= 1.0 && bytes < u64::MAX as f64 {
+        true => Ok(bytes.round() as u64),
+        false => Err(error()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_read_as_people_write_them() {
+        assert_eq!(parse_bytes("6GiB"), Ok(6 << 30));
+        assert_eq!(parse_bytes(" 8 GB "), Ok(8_000_000_000));
+        assert_eq!(parse_bytes("1.5tib"), Ok(3 << 39));
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("100 b"), Ok(100));
+        for bad in ["6XB", "6", "GiB", "", "-1GiB", "1.2.3GB", "0GB"] {
+            assert_eq!(
+                parse_bytes(bad),
+                Err(ParseBytesError(bad.to_owned())),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn human_bytes_reads_back() {
+        assert_eq!(human_bytes(1536), "1.50 KiB");
+        assert_eq!(parse_bytes(&human_bytes(3 << 30)), Ok(3 << 30));
+    }
+}

@@ -69,6 +69,16 @@ pub struct FusedCrossEntropyOptions {
     pub gradients: GradientPass,
 }
 
+impl FusedCrossEntropyOptions {
+    /// Tokens per chunk for a vocabulary of `vocab`: the [`chunk_size`](Self::chunk_size) asked
+    /// for, or the default.
+    pub fn chunk_tokens(&self, vocab: usize) -> usize {
+        self.chunk_size
+            .unwrap_or(DEFAULT_CHUNK_TOKENS.min(MAX_CHUNK_LOGITS / vocab.max(1)))
+            .clamp(1, MAX_CHUNK_TOKENS)
+    }
+}
+
 /// The loss terms of one row of logits, as the row primitives of
 /// [`FusedLinearCrossEntropyBackend`] take them.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -259,10 +269,7 @@ pub(crate) fn fused_loss(
         targets.dims(),
     )?;
     let ([tokens, _], [vocab, _]) = (hidden.dims(), weight.dims());
-    let chunk = options
-        .chunk_size
-        .unwrap_or(DEFAULT_CHUNK_TOKENS.min(MAX_CHUNK_LOGITS / vocab))
-        .clamp(1, MAX_CHUNK_TOKENS);
+    let chunk = options.chunk_tokens(vocab);
 
     let (rows, kept_targets) = kept_rows(&targets, vocab, options.ignore_index)?;
     let kept = rows.len();

@@ -1,0 +1,119 @@
+//! The planner: which stacks fit in a given memory, cheapest in step time first.
+
+use burn_memwall::memory::budget::{Budget, DeviceMemory};
+use burn_memwall::memory::human_bytes;
+
+use crate::Error;
+use crate::lm::{LmConfig, StepShape, step_budget};
+
+use super::{NamedSwitches, every_stack};
+
+/// Step time of each stack relative to `baseline`'s: the planner's cost table. Measured by
+/// memgate in one run, every stack in its own process (Flex, 2 cores, `small`, seq 256, batch
+/// 2, 5 timed steps; docs/BENCHMARKS.md, "The memory budget"). Times on other shapes and
+/// devices differ (on `tiny` the reversible stacks cost less, flash attention more).
+const STEP_TIME: [(&str, f64); 14] = [
+    ("baseline", 1.00),
+    ("memwall", 1.05),
+    ("memwall-sgd", 1.04),
+    ("flash-attention", 0.92),
+    ("fused-loss", 0.95),
+    ("flash+fused", 0.90),
+    ("in-backward", 0.99),
+    ("in-backward-fused-adamw", 0.93),
+    ("in-backward-sgd", 0.93),
+    ("in-backward-fused-sgd", 0.94),
+    ("flash+fused+in-backward", 0.91),
+    ("all-fused", 0.86),
+    ("reversible", 1.17),
+    ("reversible+flash+fused", 1.19),
+];
+
+/// One stack's predicted step.
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    pub stack: NamedSwitches,
+    /// The step's phases; its peak is the stack's.
+    pub budget: Budget,
+    /// Step time relative to `baseline`'s (the planner's cost table).
+    pub step_time: f64,
+}
+
+/// The predicted step of every stack the budget models, for one model and step shape.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// In the order of [`every_stack`].
+    pub candidates: Vec<Candidate>,
+    /// Stacks the budget does not model yet (quantised linears), by name.
+    pub not_modelled: Vec<&'static str>,
+}
+
+impl Plan {
+    /// Predicts every stack of [`every_stack`] for `config` (its switches are each stack's) on
+    /// steps of `shape`, on a device that holds tensors as `memory` does.
+    ///
+    /// # Errors
+    /// [`Error::SequenceTooLong`] when `shape.seq` is over the model's context.
+    pub fn new(config: &LmConfig, shape: StepShape, memory: DeviceMemory) -> Result<Self, Error> {
+        let (mut candidates, mut not_modelled) = (Vec::new(), Vec::new());
+        for stack in every_stack() {
+            let Some(&(_, step_time)) = STEP_TIME.iter().find(|(name, _)| *name == stack.name)
+            else {
+                not_modelled.push(stack.name);
+                continue;
+            };
+            let mut config = config.clone();
+            let optimizer = stack.switches.apply(&mut config);
+            let budget = step_budget(&config, &optimizer.plan(), shape, memory)?;
+            candidates.push(Candidate {
+                stack,
+                budget,
+                step_time,
+            });
+        }
+        Ok(Self {
+            candidates,
+            not_modelled,
+        })
+    }
+
+    /// The stacks whose predicted peak is at most `available` bytes, cheapest in step time
+    /// first (the smaller peak first among equals).
+    pub fn fitting(&self, available: u64) -> Vec<&Candidate> {
+        let mut fitting: Vec<&Candidate> = self
+            .candidates
+            .iter()
+            .filter(|candidate| candidate.budget.peak() <= available)
+            .collect();
+        fitting.sort_by(|a, b| {
+            a.step_time
+                .total_cmp(&b.step_time)
+                .then(a.budget.peak().cmp(&b.budget.peak()))
+        });
+        fitting
+    }
+
+    /// The stack with the smallest predicted peak.
+    pub fn smallest(&self) -> &Candidate {
+        self.candidates
+            .iter()
+            .min_by_key(|candidate| candidate.budget.peak())
+            .expect("every plan models the baseline")
+    }
+
+    /// The cheapest stack that fits in `available` bytes.
+    ///
+    /// # Errors
+    /// [`Error::DoesNotFit`] naming the smallest budget that would work, and its stack.
+    pub fn choose(&self, available: u64) -> Result<&Candidate, Error> {
+        self.fitting(available).first().copied().ok_or_else(|| {
+            let smallest = self.smallest();
+            Error::DoesNotFit(format!(
+                "no stack fits in {}: the smallest predicted peak is {} (`{}`)",
+                human_bytes(available),
+                human_bytes(smallest.budget.peak()),
+                smallest.stack.name
+            ))
+        })
+    }
+}

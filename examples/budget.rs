@@ -1,0 +1,235 @@
+//! Know before the run: the predicted peak of a training step, pool by pool, for every stack,
+//! and the stacks that fit in a given memory.
+//!
+//! ```text
+//! cargo run --release --example budget -- --model llama-1b --seq 2048              # every stack's pools
+//! cargo run --release --example budget -- --model llama-1b --stack memwall         # one stack, phase by phase
+//! cargo run --release --example budget -- --models 0.5b,1b,3b,7b,13b,34b,70b      # peaks by size, fp32 and bf16
+//! cargo run --release --example budget -- --fit 6GiB --model llama-1b --seq 4096   # what fits, cheapest first
+//! ```
+//!
+//! Predictions, not measurements: the formulas are those of `burn_memwall_models::lm::step_budget`
+//! for Flex (checked against measured steps in `tests/budget.rs`). bf16 is predicted with every
+//! tensor in 2 bytes; the reference LM trains in f32 today.
+
+use burn::tensor::DType;
+use burn_memwall::memory::budget::{DeviceMemory, Pool};
+use burn_memwall::memory::{human_bytes, parse_bytes};
+use burn_memwall_models::lm::{LmConfig, StepShape, human_count};
+use burn_memwall_models::training::{Plan, find_stack};
+use clap::{Parser, ValueEnum};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Precision {
+    F32,
+    Bf16,
+}
+
+impl Precision {
+    fn dtype(self) -> DType {
+        match self {
+            Self::F32 => DType::F32,
+            Self::Bf16 => DType::BF16,
+        }
+    }
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Predict the peak memory of a training step for each burn-memwall stack")]
+struct Args {
+    /// A preset (tiny, small, gpt2-124m, llama-1b) or a size (0.5b, 1b, 3b, 7b, 13b, 34b, 70b).
+    #[arg(long, default_value = "llama-1b")]
+    model: String,
+    /// Several models: a table of peaks per stack, in fp32 and bf16.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["stack", "fit"])]
+    models: Vec<String>,
+    #[arg(long, default_value_t = 2048)]
+    seq: usize,
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// The float type of every tensor.
+    #[arg(long, value_enum, default_value = "f32")]
+    precision: Precision,
+    /// Print this stack's phases and every term of its peak.
+    #[arg(long)]
+    stack: Option<String>,
+    /// The memory to fit in (e.g. 6GiB, 8GB): the stacks that fit, cheapest in step time first,
+    /// with their `train` flags.
+    #[arg(long, value_parser = parse_bytes)]
+    fit: Option<u64>,
+}
+
+fn main() {
+    if let Err(error) = run(Args::parse()) {
+        eprintln!("error: {error}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if !args.models.is_empty() {
+        return sizes_table(&args);
+    }
+    let config = LmConfig::preset(&args.model)?;
+    let shape = StepShape {
+        batch: args.batch,
+        seq: args.seq,
+        float: args.precision.dtype(),
+    };
+    let plan = Plan::new(&config, shape, DeviceMemory::Heap)?;
+    println!(
+        "{} ({} parameters), seq {}, batch {}, {:?}, predicted for Flex",
+        args.model,
+        human_count(config.param_count()),
+        args.seq,
+        args.batch,
+        args.precision
+    );
+    if let Some(name) = &args.stack {
+        let stack = find_stack(name)?;
+        let candidate = plan
+            .candidates
+            .iter()
+            .find(|candidate| candidate.stack == stack)
+            .ok_or_else(|| format!("the budget does not model `{name}` yet"))?;
+        print!("{}", candidate.budget);
+        return Ok(());
+    }
+    match args.fit {
+        None => pools_table(&plan),
+        Some(available) => fitting(&args, &plan, available)?,
+    }
+    Ok(())
+}
+
+/// Every stack's peak and what it is made of.
+fn pools_table(plan: &Plan) {
+    print!("{:<24} {:>11} {:<20}", "stack", "peak", "at");
+    for pool in Pool::ALL {
+        print!(" {:>11}", short(pool));
+    }
+    println!();
+    for candidate in &plan.candidates {
+        let peak = candidate.budget.peak_phase();
+        print!(
+            "{:<24} {:>11} {:<20}",
+            candidate.stack.name,
+            human_bytes(peak.bytes()),
+            peak.name
+        );
+        for pool in Pool::ALL {
+            print!(" {:>11}", human_bytes(peak.pool(pool)));
+        }
+        println!();
+    }
+    not_modelled(plan);
+}
+
+/// A pool's name in a narrow column.
+fn short(pool: Pool) -> &'static str {
+    match pool {
+        Pool::Parameters => "params",
+        Pool::OptimizerState => "optim",
+        Pool::Gradients => "grads",
+        Pool::SavedActivations => "saved",
+        Pool::Workspace => "workspace",
+        Pool::UpdateTemporaries => "update",
+        Pool::Backend => "backend",
+    }
+}
+
+fn not_modelled(plan: &Plan) {
+    if !plan.not_modelled.is_empty() {
+        println!(
+            "not modelled yet (quantised linears): {}",
+            plan.not_modelled.join(", ")
+        );
+    }
+}
+
+/// The stacks that fit in `available`, cheapest first, with the command that trains each.
+fn fitting(args: &Args, plan: &Plan, available: u64) -> Result<(), Box<dyn std::error::Error>> {
+    plan.choose(available)?;
+    println!(
+        "stacks whose predicted peak fits in {}, cheapest in step time first:",
+        human_bytes(available)
+    );
+    println!(
+        "{:<24} {:>11} {:>10}  train with",
+        "stack", "peak", "step time"
+    );
+    for candidate in plan.fitting(available) {
+        println!(
+            "{:<24} {:>11} {:>9.2}×  cargo run --release --example train -- --model {} --seq {} \
+             --batch {} --stack {}",
+            candidate.stack.name,
+            human_bytes(candidate.budget.peak()),
+            candidate.step_time,
+            args.model,
+            args.seq,
+            args.batch,
+            candidate.stack.name
+        );
+    }
+    not_modelled(plan);
+    Ok(())
+}
+
+/// Peaks per stack (rows) and model (columns), once per precision.
+fn sizes_table(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let configs = args
+        .models
+        .iter()
+        .map(|name| LmConfig::preset(name))
+        .collect::<Result<Vec<_>, _>>()?;
+    for precision in [Precision::F32, Precision::Bf16] {
+        let shape = StepShape {
+            batch: args.batch,
+            seq: args.seq,
+            float: precision.dtype(),
+        };
+        println!(
+            "\npredicted peak, {precision:?}, seq {}, batch {}, Flex",
+            args.seq, args.batch
+        );
+        print!("{:<24}", "stack");
+        for (name, config) in args.models.iter().zip(&configs) {
+            print!(
+                " {:>12}",
+                format!("{name} ({})", human_count(config.param_count()))
+            );
+        }
+        println!();
+        // `None` where the sequence is over the model's context.
+        let plans: Vec<Option<Plan>> = configs
+            .iter()
+            .map(|config| {
+                (args.seq <= config.max_seq_len)
+                    .then(|| Plan::new(config, shape, DeviceMemory::Heap))
+                    .transpose()
+            })
+            .collect::<Result<_, _>>()?;
+        let reference = plans
+            .iter()
+            .flatten()
+            .next()
+            .ok_or_else(|| format!("seq {} is over every model's context", args.seq))?;
+        for row in &reference.candidates {
+            print!("{:<24}", row.stack.name);
+            for plan in &plans {
+                let cell = match plan {
+                    Some(plan) => plan
+                        .candidates
+                        .iter()
+                        .find(|candidate| candidate.stack == row.stack)
+                        .map(|candidate| human_bytes(candidate.budget.peak()))
+                        .unwrap_or_default(),
+                    None => "> context".to_owned(),
+                };
+                print!(" {cell:>12}");
+            }
+            println!();
+        }
+    }
+    Ok(())
+}
