@@ -291,3 +291,52 @@ fn a_sequence_longer_than_the_context_is_refused_by_name() {
     let model = small_gqa().init(&device).unwrap();
     model.forward(random_tokens(1, 33, 97, &device));
 }
+
+/// Every coded matrix takes exactly one update per training step, whatever the blocks: the
+/// standard blocks' counters update in their own backward, the reversible chain's in its
+/// recomputation (into the model's codes, not a copy of them), and nothing else (no probe,
+/// no check) moves them. Each counter's step count is read after three steps of each
+/// counter stack.
+#[test]
+fn every_coded_matrix_takes_one_update_per_step() {
+    use burn_memwall::optim::train_step;
+    use burn_memwall_models::training::find_stack;
+    /// The step count of every coded matrix (its only one-element integer buffer).
+    struct Steps(Vec<i64>);
+    impl ModuleVisitor for Steps {
+        fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<D, Int>>) {
+            let value = param.val();
+            if value.shape().num_elements() == 1 {
+                self.0.push(value.into_scalar::<i64>());
+            }
+        }
+    }
+    let device = Device::flex().autodiff();
+    for name in ["memwall-counter", "counter", "counter+all-fused"] {
+        let mut config = small_gqa();
+        let optimizer = find_stack(name).unwrap().switches.apply(&mut config);
+        let mut model = config
+            .init(&device)
+            .unwrap()
+            .with_in_backward(optimizer.in_backward());
+        let mut steps_of = optimizer.init(0.0);
+        for _ in 0..3 {
+            let tokens = random_tokens(2, 9, config.vocab_size, &device);
+            let inputs = tokens.clone().slice([0..2, 0..8]);
+            let targets = tokens.slice([0..2, 1..9]);
+            let loss = model.loss(inputs, targets);
+            let in_backward = model.in_backward().cloned();
+            model = train_step(in_backward.as_ref(), &mut steps_of, 1e-3, model, loss).unwrap();
+        }
+        let mut steps = Steps(Vec::new());
+        model.visit(&mut steps);
+        // Seven matrices per block; with `CounterAll` the (untied) embedding and head too.
+        let coded = 7 * config.n_layers + 2 * usize::from(config.linear == LinearKind::CounterAll);
+        assert_eq!(steps.0.len(), coded, "{name}: coded matrices");
+        assert!(
+            steps.0.iter().all(|&s| s == 3),
+            "{name}: steps {:?}",
+            steps.0
+        );
+    }
+}

@@ -204,8 +204,10 @@ impl HandwrittenBackward for HeadBackward {
                 let d_logits = ((logits - lse.clone()).exp() - is_target) * d_loss.clone();
                 dh = dh + block.matmul_transposed(d_logits.clone());
                 drop(block); // the update writes in place only when it holds the only handle
-                let gradient = d_logits.transpose().matmul(h.clone());
-                tensors.update_rows(start..start + len, gradient, hyper, step);
+                if let Some(hyper) = hyper {
+                    let gradient = d_logits.transpose().matmul(h.clone());
+                    tensors.update_rows(start..start + len, gradient, hyper, step);
+                }
             }
             dh
         });

@@ -133,6 +133,8 @@ impl HandwrittenBackward for EmbeddingBackward {
             Tensor::<1, Int>::from_data(TensorData::new(values, [len]), &device)
         };
         weights.train_step(in_backward.as_ref(), |tensors, hyper, step| {
+            // A frozen table has no gradient to pass on: the ids are not differentiable.
+            let Some(hyper) = hyper else { return };
             for rows in row_blocks(d_model, tensors.d_output()) {
                 let (positions, local): (Vec<i64>, Vec<i64>) = ids
                     .iter()

@@ -220,6 +220,9 @@ pub struct CounterWeights {
     /// The input width, read on every forward pass without taking the lock.
     d_input: usize,
     hyper: CounterHyper,
+    /// A snapshot from [`Module::valid`]: gradients flow through it, but its backward updates
+    /// nothing (an update would copy the codes it shares with the trained weights).
+    frozen: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -254,6 +257,7 @@ impl CounterWeights {
             d_input: state.tensors.d_input,
             state: Arc::new(Mutex::new(state)),
             hyper,
+            frozen: false,
         }
     }
 
@@ -274,21 +278,25 @@ impl CounterWeights {
 
     /// One training step of these weights, in a backward pass: `work` gets the state, the
     /// step's scalars (the learning rate of `in_backward`'s running step, if any) and the step
-    /// number, and updates the rows it has gradients for; the step then counts.
+    /// number, and updates the rows it has gradients for; the step then counts. A frozen
+    /// snapshot passes no scalars: `work` computes its gradients and updates nothing.
     pub(crate) fn train_step<R>(
         &self,
         in_backward: Option<&InBackward>,
-        work: impl FnOnce(&mut CounterTensors, &CounterHyper, u32) -> R,
+        work: impl FnOnce(&mut CounterTensors, Option<&CounterHyper>, u32) -> R,
     ) -> R {
         let mut state = self.lock();
+        let step = state.step as u32;
+        if self.frozen {
+            return work(&mut state.tensors, None, step);
+        }
         let learning_rate =
             in_backward.and_then(|in_backward| in_backward.learning_rate(state.ids.codes));
         let hyper = CounterHyper {
             learning_rate: learning_rate.map_or(self.hyper.learning_rate, |lr| lr as f32),
             ..self.hyper
         };
-        let step = state.step as u32;
-        let result = work(&mut state.tensors, &hyper, step);
+        let result = work(&mut state.tensors, Some(&hyper), step);
         state.step += 1;
         result
     }
@@ -368,7 +376,9 @@ impl HandwrittenBackward for CounterBackward {
         let dx = weights.train_step(in_backward.as_ref(), |tensors, hyper, step| {
             // The input's gradient reads the weights before this step's update.
             let dx = tensors.weight().matmul_transposed(dy.clone());
-            tensors.update(hyper, step, &input.cast(FloatDType::F32), &dy);
+            if let Some(hyper) = hyper {
+                tensors.update(hyper, step, &input.cast(FloatDType::F32), &dy);
+            }
             dx
         });
         let dx = dx.cast(dtype);
@@ -472,15 +482,18 @@ impl Module for CounterWeights {
         self
     }
 
+    /// A frozen snapshot stays one: training resumes on the weights it was taken from.
     fn train(self) -> Self {
         self
     }
 
-    /// A snapshot: evaluating it never updates the weights being trained.
+    /// A frozen snapshot: evaluating it, even a backward pass through it, never updates the
+    /// weights being trained, and training them leaves it as it was.
     fn valid(&self) -> Self {
         let snapshot = self.lock().clone();
         Self {
             state: Arc::new(Mutex::new(snapshot)),
+            frozen: true,
             ..self.clone()
         }
     }

@@ -148,9 +148,9 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
         // A chain whose input needs no gradient still owes its parameters theirs: the op is a
         // node of the graph only when its input is.
         let x = if x.is_tracked() { x } else { x.require_grad() };
-        let (f, g) = (detached(&self.f), detached(&self.g));
         let mut anchors = Vec::new();
         let every = self.anchor_every;
+        let (f, g) = (detached(&self.f), detached(&self.g));
         let output = run_blocks(&f, &g, x.clone().inner(), |block, input| {
             if every > 0 && block % every == 0 {
                 anchors.push((block, input.clone()));
@@ -161,9 +161,11 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
             Routing { in_backward, uses }
         });
         let trained = params.iter().map(|(id, _)| *id).collect();
+        // The blocks themselves, not evaluation copies: weights that update in their own
+        // backward (counter codes) must update the model's, in the recomputation.
         let chain = Chain {
-            f,
-            g,
+            f: self.f.clone(),
+            g: self.g.clone(),
             output: output.clone(),
             anchors,
             routing,
@@ -484,9 +486,11 @@ fn detached<M: Module>(modules: &[M]) -> Vec<M> {
 }
 
 /// Copies of `modules` in training mode with untracked parameters, for the determinism check.
+/// They are taken from evaluation copies put back in training mode, so that weights that update
+/// in their own backward (counter codes) are frozen snapshots the check's backward cannot move.
 fn untracked<M: Module>(modules: &[M]) -> Vec<M> {
     modules
         .iter()
-        .map(|m| with_params(m.clone(), ParamsAs::Untracked))
+        .map(|m| with_params(m.valid().train(), ParamsAs::Untracked))
         .collect()
 }
