@@ -8,7 +8,7 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_memwall_models::Error;
 use burn_memwall_models::lm::{
-    AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, MlpKind, PRESETS,
+    AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, MlpKind, PRESETS, SIZE_PRESETS,
 };
 
 /// A small config exercising grouped-query attention and an untied head.
@@ -248,6 +248,28 @@ fn presets_have_their_advertised_sizes() {
         (2048, 22, 32000)
     );
     assert_eq!(PRESETS.len(), 4);
+}
+
+/// The size presets are the published models' shapes: their parameter counts are those of the
+/// checkpoints (Qwen2.5-0.5B's less its 27,648 q/k/v biases, which the LM does not have).
+#[test]
+fn size_presets_count_the_published_models_parameters() {
+    let published = [
+        ("0.5b", 494_032_768 - 24 * (896 + 128 + 128)),
+        ("1b", 1_100_048_384),
+        ("3b", 3_212_749_824),
+        ("7b", 6_738_415_616),
+        ("13b", 13_015_864_320),
+        ("34b", 33_743_970_304),
+        ("70b", 68_976_648_192),
+    ];
+    assert_eq!(SIZE_PRESETS.len(), published.len());
+    for ((name, count), preset) in published.into_iter().zip(SIZE_PRESETS) {
+        assert_eq!(name, preset);
+        let config = LmConfig::preset(name).unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.param_count(), count, "{name}");
+    }
 }
 
 #[test]
