@@ -45,10 +45,11 @@ use crate::Error;
 /// stack's `fwd saved` in memgate within 0.5% (tiny and small, seq 64 and 256).
 pub const GRAPH_BYTES_PER_OP: u64 = 640;
 
-/// Heap bytes a reversible chain's node holds per block besides tensors (detached handles of
-/// the block's modules and parameters), measured in docs/BENCHMARKS.md (415 → 477 KB from 1 to
-/// 8 blocks).
-pub const CHAIN_BYTES_PER_BLOCK: u64 = 8_900;
+/// Heap bytes a reversible chain's node holds per block besides tensors: its handles on the
+/// block's modules, which share the model's parameters. Measured: the saved bytes of the
+/// reversible `tiny` model less the formulas are 3,337 B per block (seq 32 and 128 alike), of
+/// `small` 2,868 B. (Until the chain held evaluation copies of the blocks, 8.9 KB.)
+pub const CHAIN_BYTES_PER_BLOCK: u64 = 3_100;
 
 /// Heap bytes a routed reversible chain holds per trained parameter of its blocks: the
 /// parameter's handle and its entries in the chain's and the [`InBackward`]'s use maps, for its
