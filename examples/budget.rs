@@ -9,7 +9,8 @@
 //! ```
 //!
 //! Predictions, not measurements: the formulas are those of `burn_memwall_models::lm::step_budget`
-//! for Flex (checked against measured steps in `tests/budget.rs`). bf16 is predicted with every
+//! for Flex's heap or, with `--memory cube`, CubeCL's pools (both checked against measured steps
+//! in `tests/budget.rs`, the pools on lavapipe only). bf16 is predicted with every
 //! tensor in 2 bytes; the reference LM trains in f32 today.
 
 use burn::tensor::DType;
@@ -18,6 +19,24 @@ use burn_memwall::memory::{human_bytes, parse_bytes};
 use burn_memwall_models::lm::{LmConfig, StepShape, human_count};
 use burn_memwall_models::training::{Plan, find_stack};
 use clap::{Parser, ValueEnum};
+
+/// How the device holds a step's tensors.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Memory {
+    /// Flex: the process heap.
+    Flex,
+    /// wgpu, CUDA, ROCm: CubeCL's pools, read as the bytes they reserve.
+    Cube,
+}
+
+impl Memory {
+    fn device_memory(self) -> DeviceMemory {
+        match self {
+            Self::Flex => DeviceMemory::Heap,
+            Self::Cube => DeviceMemory::Pools,
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Precision {
@@ -50,6 +69,9 @@ struct Args {
     /// The float type of every tensor.
     #[arg(long, value_enum, default_value = "f32")]
     precision: Precision,
+    /// How the device holds tensors: `flex` (the heap) or `cube` (wgpu, CUDA, ROCm pools).
+    #[arg(long, value_enum, default_value = "flex")]
+    memory: Memory,
     /// Print this stack's phases and every term of its peak.
     #[arg(long)]
     stack: Option<String>,
@@ -76,14 +98,15 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         seq: args.seq,
         float: args.precision.dtype(),
     };
-    let plan = Plan::new(&config, shape, DeviceMemory::Heap)?;
+    let plan = Plan::new(&config, shape, args.memory.device_memory())?;
     println!(
-        "{} ({} parameters), seq {}, batch {}, {:?}, predicted for Flex",
+        "{} ({} parameters), seq {}, batch {}, {:?}, predicted for {:?}",
         args.model,
         human_count(config.param_count()),
         args.seq,
         args.batch,
-        args.precision
+        args.precision,
+        args.memory
     );
     if let Some(name) = &args.stack {
         let stack = find_stack(name)?;
@@ -114,7 +137,7 @@ fn pools_table(plan: &Plan) {
         print!(
             "{:<24} {:>11} {:<20}",
             candidate.stack.name,
-            human_bytes(peak.bytes()),
+            human_bytes(candidate.peak),
             peak.name
         );
         for pool in Pool::ALL {
@@ -129,6 +152,7 @@ fn pools_table(plan: &Plan) {
 fn short(pool: Pool) -> &'static str {
     match pool {
         Pool::Parameters => "params",
+        Pool::Buffers => "buffers",
         Pool::OptimizerState => "optim",
         Pool::Gradients => "grads",
         Pool::SavedActivations => "saved",
@@ -149,7 +173,7 @@ fn not_modelled(plan: &Plan) {
 
 /// The stacks that fit in `available`, cheapest first, with the command that trains each.
 fn fitting(args: &Args, plan: &Plan, available: u64) -> Result<(), Box<dyn std::error::Error>> {
-    plan.choose(available)?;
+    let fitting = plan.fitting(available)?;
     println!(
         "stacks whose predicted peak fits in {}, cheapest in step time first:",
         human_bytes(available)
@@ -158,12 +182,12 @@ fn fitting(args: &Args, plan: &Plan, available: u64) -> Result<(), Box<dyn std::
         "{:<24} {:>11} {:>10}  train with",
         "stack", "peak", "step time"
     );
-    for candidate in plan.fitting(available) {
+    for candidate in fitting {
         println!(
             "{:<24} {:>11} {:>9.2}×  cargo run --release --example train -- --model {} --seq {} \
              --batch {} --stack {}",
             candidate.stack.name,
-            human_bytes(candidate.budget.peak()),
+            human_bytes(candidate.peak),
             candidate.step_time,
             args.model,
             args.seq,
@@ -189,8 +213,8 @@ fn sizes_table(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             float: precision.dtype(),
         };
         println!(
-            "\npredicted peak, {precision:?}, seq {}, batch {}, Flex",
-            args.seq, args.batch
+            "\npredicted peak, {precision:?}, seq {}, batch {}, {:?}",
+            args.seq, args.batch, args.memory
         );
         print!("{:<24}", "stack");
         for (name, config) in args.models.iter().zip(&configs) {
@@ -205,7 +229,7 @@ fn sizes_table(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             .iter()
             .map(|config| {
                 (args.seq <= config.max_seq_len)
-                    .then(|| Plan::new(config, shape, DeviceMemory::Heap))
+                    .then(|| Plan::new(config, shape, args.memory.device_memory()))
                     .transpose()
             })
             .collect::<Result<_, _>>()?;
@@ -222,7 +246,7 @@ fn sizes_table(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                         .candidates
                         .iter()
                         .find(|candidate| candidate.stack == row.stack)
-                        .map(|candidate| human_bytes(candidate.budget.peak()))
+                        .map(|candidate| human_bytes(candidate.peak))
                         .unwrap_or_default(),
                     None => "> context".to_owned(),
                 };

@@ -257,11 +257,11 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
         &config, optimizer, &windows, args.batch, args.steps, args.lr, args.seed, &device,
     )?;
     let pools = measured.pools;
-    let predicted_peak_bytes = DeviceMemory::of(&device).and_then(|memory| {
-        let shape = StepShape::f32(args.batch, args.seq);
-        let budget = step_budget(&config, &optimizer.plan(), shape, memory).ok()?;
-        Some(budget.peak())
-    });
+    let shape = StepShape::f32(args.batch, args.seq);
+    let predicted_peak_bytes =
+        step_budget(&config, &optimizer.plan(), shape, DeviceMemory::of(&device))
+            .ok()
+            .map(|budget| budget.peak());
     Ok(Row {
         stack: name.to_owned(),
         device: describe(&device),

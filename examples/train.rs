@@ -425,25 +425,23 @@ fn fit_stack(
     device: &Device,
     available: u64,
 ) -> Result<NamedSwitches, Box<dyn std::error::Error>> {
-    let memory = DeviceMemory::of(device).ok_or_else(|| {
-        format!(
-            "--fit predicts Flex's memory only so far, not {}'s pools: choose a stack with \
-             memgate's measured rows",
-            describe(device)
-        )
-    })?;
-    let plan = Plan::new(model, StepShape::f32(args.batch, args.seq), memory)?;
-    let chosen = plan.choose(available)?;
-    let peak = chosen.budget.peak_phase();
+    let plan = Plan::new(
+        model,
+        StepShape::f32(args.batch, args.seq),
+        DeviceMemory::of(device),
+    )?;
+    let fitting = plan.fitting(available)?;
+    let chosen = fitting[0];
     println!(
         "--fit {}: stack {}, the cheapest in step time ({:.2}× baseline's) of the {} stacks \
-         whose predicted peak fits; predicted peak {} (at the {})",
+         whose predicted peak on {} fits; predicted peak {} (at the {})",
         human_bytes(available),
         chosen.stack.name,
         chosen.step_time,
-        plan.fitting(available).len(),
-        human_bytes(peak.bytes()),
-        peak.name
+        fitting.len(),
+        describe(device),
+        human_bytes(chosen.peak),
+        chosen.budget.peak_phase().name
     );
     Ok(chosen.stack)
 }

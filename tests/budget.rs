@@ -10,9 +10,9 @@ use burn_memwall::memory::human_bytes;
 use burn_memwall_models::data::{DEFAULT_CORPUS, TextTokenizer};
 use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LmConfig, LossKind, PRESETS, StepShape, parameter_census,
-    saved_activations,
+    saved_activations, step_budget,
 };
-use burn_memwall_models::training::{Plan, StepOptimizer, measure_training_steps};
+use burn_memwall_models::training::{Plan, StepOptimizer, find_stack, measure_training_steps};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -53,13 +53,12 @@ fn the_step_peak_is_predicted_for_every_stack() {
                         .unwrap()
                         .pools
                         .peak;
-                let peak = candidate.budget.peak_phase();
-                let ratio = peak.bytes() as f64 / measured as f64;
+                let ratio = candidate.peak as f64 / measured as f64;
                 let row = format!(
                     "{model} seq {seq} {}: predicted {} at {}, measured {measured} (×{ratio:.4})",
                     candidate.stack.name,
-                    peak.bytes(),
-                    peak.name
+                    candidate.peak,
+                    candidate.budget.peak_phase().name
                 );
                 eprintln!("{row}");
                 if (ratio - 1.0).abs() > PEAK_TOLERANCE {
@@ -96,11 +95,12 @@ fn the_saved_activations_are_predicted_for_every_stack() {
                             .with_loss(loss)
                             .with_blocks(blocks);
                         let routed = optimizer.in_backward().is_some();
-                        let predicted: u64 = saved_activations(&config, shape, routed)
-                            .unwrap()
-                            .iter()
-                            .map(|term: &Term| term.bytes)
-                            .sum();
+                        let predicted: u64 =
+                            saved_activations(&config, shape, routed, DeviceMemory::Heap)
+                                .unwrap()
+                                .iter()
+                                .map(Term::bytes)
+                                .sum();
                         let measured = measure_training_steps(
                             &config, optimizer, &windows, 2, 2, 1e-3, 7, &device,
                         )
@@ -135,9 +135,13 @@ fn the_parameters_are_counted_from_the_config_as_from_the_model() {
         for tied in [true, false] {
             let config = LmConfig::preset(name).unwrap().with_tie_embeddings(tied);
             let model = config.init(&device).unwrap();
+            let sorted = |mut census: ParameterCensus| {
+                census.trained.sort_unstable();
+                census
+            };
             assert_eq!(
-                parameter_census(&config, DType::F32).unwrap(),
-                ParameterCensus::of(&model, DType::F32),
+                sorted(parameter_census(&config, DType::F32).unwrap()),
+                sorted(ParameterCensus::of(&model, DType::F32)),
                 "{name}, tied {tied}"
             );
         }
@@ -150,7 +154,8 @@ fn quantised_linears_are_refused_rather_than_mispredicted() {
     let config = LmConfig::preset("tiny")
         .unwrap()
         .with_linear(LinearKind::Counter);
-    let error = saved_activations(&config, StepShape::f32(1, 8), false).unwrap_err();
+    let error =
+        saved_activations(&config, StepShape::f32(1, 8), false, DeviceMemory::Heap).unwrap_err();
     assert!(error.to_string().contains("dense linears only"), "{error}");
     assert!(parameter_census(&config, DType::F32).is_err());
 }
@@ -161,27 +166,26 @@ fn quantised_linears_are_refused_rather_than_mispredicted() {
 fn the_planner_picks_the_cheapest_stack_that_fits() {
     let config = LmConfig::preset("small").unwrap();
     let plan = Plan::new(&config, StepShape::f32(2, 256), DeviceMemory::Heap).unwrap();
-    let everything = plan.fitting(u64::MAX);
+    let everything = plan.fitting(u64::MAX).unwrap();
     assert_eq!(everything.len(), plan.candidates.len());
     let times: Vec<f64> = everything.iter().map(|c| c.step_time).collect();
     assert!(times.is_sorted(), "cheapest first: {times:?}");
-    let cheapest = plan.choose(u64::MAX).unwrap();
     assert!(
         plan.candidates
             .iter()
-            .all(|c| c.step_time >= cheapest.step_time)
+            .all(|c| c.step_time >= everything[0].step_time)
     );
 
     let smallest = plan.smallest();
-    let tight = smallest.budget.peak();
+    let tight = smallest.peak;
     assert!(
-        plan.candidates.iter().all(|c| c.budget.peak() >= tight),
+        plan.candidates.iter().all(|c| c.peak >= tight),
         "the smallest peak is the smallest"
     );
-    assert_eq!(plan.choose(tight).unwrap().budget.peak(), tight);
-    assert!(plan.fitting(tight).iter().all(|c| c.budget.peak() == tight));
+    let fitting = plan.fitting(tight).unwrap();
+    assert!(fitting.iter().all(|c| c.peak == tight));
 
-    let error = plan.choose(tight - 1).unwrap_err().to_string();
+    let error = plan.fitting(tight - 1).unwrap_err().to_string();
     assert!(
         error.contains(&human_bytes(tight)) && error.contains(smallest.stack.name),
         "{error}"
@@ -196,4 +200,100 @@ fn a_sequence_over_the_context_is_refused() {
         .unwrap_err()
         .to_string();
     assert!(error.contains(&format!("sequence length {seq}")), "{error}");
+}
+
+/// The stacks and sequence lengths the pools test measures on wgpu, one process each (a pool's
+/// high-water mark cannot be reset): one of each peak phase's kind that wins on `tiny`, and the
+/// in-backward Burn optimizer whose rewritten parameters leave their slots reserved.
+const POOL_CASES: [(&str, usize); 6] = [
+    ("baseline", 64),
+    ("in-backward-sgd", 64),
+    ("memwall", 64),
+    ("baseline", 256),
+    ("flash+fused", 256),
+    ("reversible", 256),
+];
+
+/// On wgpu (lavapipe in CI), CubeCL's pools reserve what the budget predicts for them: the
+/// parameters' exact slots, and the pages that the fullest phase's tensors fill, first fit.
+/// Leaving out a pool's rounding (counting bytes, not pages) or the rewritten parameters'
+/// stale slots moves rows past the tolerance.
+#[cfg(feature = "wgpu")]
+#[test]
+fn the_step_peak_is_predicted_on_cube_pools() {
+    let _turn = common::take_turn(); // opening the adapter would count on the heap's peak
+    if common::devices().len() < 2 {
+        return; // no adapter outside CI: `devices` said why
+    }
+    let mut failures = Vec::new();
+    for (stack, seq) in POOL_CASES {
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "measure_one_pools_step",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env(POOL_CASE_VARIABLE, format!("{stack}@{seq}"))
+            .output()
+            .expect("the test binary runs again");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let Some(measured) = stdout
+            .lines()
+            .find_map(|line| line.strip_prefix(REPORT_PREFIX))
+            .filter(|_| output.status.success())
+        else {
+            panic!(
+                "measuring {stack} failed:\n{stdout}\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        };
+        let measured: u64 = measured.parse().unwrap();
+        let mut config = LmConfig::preset("tiny").unwrap();
+        let optimizer = find_stack(stack).unwrap().switches.apply(&mut config);
+        let budget = step_budget(
+            &config,
+            &optimizer.plan(),
+            StepShape::f32(2, seq),
+            DeviceMemory::Pools,
+        )
+        .unwrap();
+        let ratio = budget.peak() as f64 / measured as f64;
+        let row = format!(
+            "tiny seq {seq} {stack}: predicted {} at {}, measured {measured} (×{ratio:.4})",
+            budget.peak(),
+            budget.peak_phase().name
+        );
+        eprintln!("{row}");
+        if (ratio - 1.0).abs() > POOLS_TOLERANCE {
+            failures.push(row);
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "off by more than {POOLS_TOLERANCE}: {failures:#?}"
+    );
+}
+
+/// How far a predicted pool peak may be from the measured one on lavapipe: a phase's pages are
+/// placed as if packed from empty, so the holes earlier phases leave (up to one 2 MiB arena page
+/// at `tiny`'s sizes; docs/memory-model/cube-pools.md) are not seen.
+const POOLS_TOLERANCE: f64 = 0.08;
+
+const POOL_CASE_VARIABLE: &str = "BUDGET_POOL_CASE";
+const REPORT_PREFIX: &str = "measured peak: ";
+
+#[test]
+#[ignore = "a child process of the_step_peak_is_predicted_on_cube_pools"]
+fn measure_one_pools_step() {
+    let case = std::env::var(POOL_CASE_VARIABLE).expect("run by the pools test");
+    let (stack, seq) = case.split_once('@').unwrap();
+    let seq: usize = seq.parse().unwrap();
+    let mut config = LmConfig::preset("tiny").unwrap();
+    let optimizer = find_stack(stack).unwrap().switches.apply(&mut config);
+    let device = burn_memwall::DeviceChoice::Wgpu.device().unwrap();
+    // Three steps, as memgate's rows: the pools' high-water mark still grows after the first.
+    let measured =
+        measure_training_steps(&config, optimizer, &windows(seq), 2, 3, 1e-3, 7, &device).unwrap();
+    println!("{REPORT_PREFIX}{}", measured.pools.peak);
 }

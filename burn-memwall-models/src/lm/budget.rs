@@ -26,11 +26,15 @@
 //!
 //! Flex's heap also holds the graph itself: [`GRAPH_BYTES_PER_OP`] per registered op, and
 //! [`CHAIN_BYTES_PER_BLOCK`] per reversible block. Both are measured, and Cube devices keep
-//! them in host memory, outside the device's pools.
+//! them in host memory, outside the device's pools. Cube devices also store a bool in 4 bytes
+//! and read the tied head's transposed table without copying it.
+//!
+//! Every term lists its tensors, in the order the step makes them: a paged device
+//! ([`DeviceMemory::Pools`]) places them one by one.
 
 use burn::tensor::DType;
 use burn_memwall::memory::budget::{
-    Budget, DeviceMemory, OptimizerPlan, ParameterCensus, Phase, Pool, Term, UpdateTiming,
+    Budget, DeviceMemory, OptimizerPlan, ParameterCensus, Phase, Pool, Tensors, Term, UpdateTiming,
 };
 use burn_memwall::ops::fused_linear_cross_entropy::FusedCrossEntropyOptions;
 
@@ -72,7 +76,7 @@ fn require_dense_linears(config: &LmConfig) -> Result<(), Error> {
     )))
 }
 
-/// The sizes the formulas read, as `u64` element counts.
+/// The sizes the formulas read, as `u64` element counts, and the bytes of the step's tensors.
 #[derive(Clone, Copy)]
 struct Dims {
     batch: u64,
@@ -106,17 +110,44 @@ impl Dims {
         }
     }
 
-    /// `[batch, heads, seq, seq]` float bytes: one attention score matrix per head.
-    fn scores(&self) -> u64 {
-        self.float * self.batch * self.heads * self.seq * self.seq
+    /// `count` float tensors of `elements` each.
+    fn floats(&self, count: u64, elements: u64) -> Tensors {
+        Tensors::new(count, self.float * elements)
     }
-}
 
-/// Matrices of one MLP.
-fn mlp_matrices(config: &LmConfig) -> u64 {
-    match config.mlp {
-        MlpKind::SwiGlu => 3,
-        MlpKind::ReluSquared => 2,
+    /// `count` `[T, d]` tensors.
+    fn td(&self, count: u64) -> Tensors {
+        self.floats(count, self.tokens * self.d)
+    }
+
+    /// `count` `[T, d_ff]` tensors.
+    fn tf(&self, count: u64) -> Tensors {
+        self.floats(count, self.tokens * self.d_ff)
+    }
+
+    /// `count` `[T, d_kv]` tensors.
+    fn td_kv(&self, count: u64) -> Tensors {
+        self.floats(count, self.tokens * self.d_kv)
+    }
+
+    /// `count` `[vocab, d]` tensors: the token table's size.
+    fn vd(&self, count: u64) -> Tensors {
+        self.floats(count, self.vocab * self.d)
+    }
+
+    /// `count` `[T]` columns.
+    fn columns(&self, count: u64) -> Tensors {
+        self.floats(count, self.tokens)
+    }
+
+    /// `count` `[batch, heads, seq]` tensors of `bytes` per element: one per attention row.
+    fn rows(&self, count: u64, bytes: u64) -> Tensors {
+        Tensors::new(count, bytes * self.batch * self.heads * self.seq)
+    }
+
+    /// `count` `[batch, heads, seq, seq]` float tensors: one attention score matrix per head.
+    fn scores(&self, count: u64) -> Tensors {
+        self.floats(count, self.batch * self.heads * self.seq * self.seq)
     }
 }
 
@@ -131,35 +162,46 @@ fn mlp_saved_tensors(config: &LmConfig) -> u64 {
 
 /// What one standard block saves for backward.
 struct LayerSaved {
-    bytes: u64,
+    /// What the attention's backward reads: its norm's input, `x / rms` and output, q, k, v
+    /// and the attention's own.
+    attention: Vec<Tensors>,
+    /// What the output projection and the MLP half keep, given back before the attention's
+    /// backward runs: the projection's input, the MLP norm's input, `x / rms`, output and
+    /// columns, the MLP's own.
+    after_attention: Vec<Tensors>,
     /// Ops it registers in the graph.
     ops: u64,
     formula: &'static str,
 }
 
-fn standard_layer(config: &LmConfig, shape: StepShape) -> LayerSaved {
+impl LayerSaved {
+    fn tensors(&self) -> impl Iterator<Item = Tensors> + '_ {
+        self.attention.iter().chain(&self.after_attention).copied()
+    }
+}
+
+fn standard_layer(config: &LmConfig, shape: StepShape, memory: DeviceMemory) -> LayerSaved {
     let dims = Dims::new(config, shape);
-    let Dims {
-        batch,
-        seq,
-        tokens,
-        d,
-        d_kv,
-        d_ff,
-        float,
-        ..
-    } = dims;
-    let rows = batch * dims.heads * seq;
-    // x and x + attention (the norms' inputs), the norms' x / rms and outputs, q and the output
-    // projection's input.
-    let common = 8 * tokens * d + mlp_saved_tensors(config) * tokens * d_ff + 4 * tokens;
+    let bool_bytes = memory.bool_bytes();
+    let after_attention = vec![
+        dims.td(4),
+        dims.columns(2),
+        dims.tf(mlp_saved_tensors(config)),
+    ];
     match config.attention {
         AttentionKind::Burn => LayerSaved {
-            bytes: float * (common + 2 * tokens * d + rows)
-                + 3 * dims.scores()
-                + (4 + 2) * rows
-                + seq * seq,
-            formula: "4·(10·T·d + c·T·d_ff + 3·B·H·S² + B·H·S + 4·T) + 6·B·H·S + S²",
+            // x, x / rms, the norm's output, q, and k and v repeated to every query head.
+            attention: vec![
+                dims.td(6),
+                dims.columns(2),
+                Tensors::new(1, bool_bytes * dims.seq * dims.seq),
+                dims.scores(3),
+                dims.rows(1, dims.float),
+                dims.rows(1, 4),
+                dims.rows(2, bool_bytes),
+            ],
+            after_attention,
+            formula: "4·(10·T·d + c·T·d_ff + 3·B·H·S² + B·H·S + 4·T) + (4 + 2b)·B·H·S + b·S²",
             // Norms 2 × 7, q and k 13 each, v 4, attention 12, output 4, MLP 9, residuals 2;
             // repeating grouped heads 3 each for k and v.
             ops: 71
@@ -170,8 +212,16 @@ fn standard_layer(config: &LmConfig, shape: StepShape) -> LayerSaved {
                 },
         },
         AttentionKind::Flash => LayerSaved {
-            bytes: float * (common + 2 * tokens * d_kv + tokens * d + rows) + batch * seq,
-            formula: "4·(9·T·d + 2·T·d_kv + c·T·d_ff + B·H·S + 4·T) + B·S",
+            // x, x / rms, the norm's output, q and the attention's output; k and v.
+            attention: vec![
+                dims.td(5),
+                dims.columns(2),
+                dims.td_kv(2),
+                Tensors::new(1, bool_bytes * dims.batch * dims.seq),
+                dims.rows(1, dims.float),
+            ],
+            after_attention,
+            formula: "4·(9·T·d + 2·T·d_kv + c·T·d_ff + B·H·S + 4·T) + b·B·S",
             ops: 60,
         },
     }
@@ -201,7 +251,8 @@ impl StepShape {
 }
 
 /// What the forward pass of `config` keeps alive for the backward pass on a batch of `shape`,
-/// with every parameter read through an in-backward hook when `routed`.
+/// with every parameter read through an in-backward hook when `routed`, on a device that holds
+/// tensors as `memory` does (`b`, a bool's bytes, in the formulas).
 ///
 /// # Errors
 /// [`Error::InvalidConfig`] for the linears whose saved tensors are not modelled yet
@@ -210,41 +261,42 @@ pub fn saved_activations(
     config: &LmConfig,
     shape: StepShape,
     routed: bool,
+    memory: DeviceMemory,
 ) -> Result<Vec<Term>, Error> {
     require_dense_linears(config)?;
-    let Dims {
-        tokens,
-        d,
-        vocab,
-        layers,
-        float,
-        ..
-    } = Dims::new(config, shape);
-    let block_params = 2 + 4 + mlp_matrices(config);
+    let dims = Dims::new(config, shape);
+    let layers = dims.layers;
+    let block_params = config.block_parameter_elements().len() as u64;
     let mut terms = Vec::new();
+    // What the graph's host-side bookkeeping adds, on a device whose memory holds it.
+    let mut host = Vec::new();
     let mut ops = 0;
     match config.blocks {
         BlockKind::Standard => {
-            let layer = standard_layer(config, shape);
-            terms.push(Term::new(
+            let layer = standard_layer(config, shape, memory);
+            terms.push(Term::of(
                 Pool::SavedActivations,
                 format!("{} layers, per layer: {}", config.n_layers, layer.formula),
-                layers * layer.bytes,
+                (0..layers).flat_map(|_| layer.tensors()),
             ));
-            terms.push(Term::new(
+            terms.push(Term::of(
                 Pool::SavedActivations,
                 "final norm: input, x / rms, 2 columns: 4·(2·T·d + 2·T)",
-                float * (2 * tokens * d + 2 * tokens),
+                [dims.td(2), dims.columns(2)],
             ));
             ops += layers * layer.ops;
         }
         BlockKind::Reversible => {
-            terms.push(Term::new(
+            terms.push(Term::of(
                 Pool::SavedActivations,
                 "reversible chain output [T, 2d], stream mean, final norm: 4·(4·T·d + 2·T)",
-                float * (4 * tokens * d + 2 * tokens),
+                [
+                    dims.floats(1, 2 * dims.tokens * dims.d),
+                    dims.td(2),
+                    dims.columns(2),
+                ],
             ));
-            terms.push(Term::new(
+            host.push(Term::new(
                 Pool::Backend,
                 format!("reversible chain: {CHAIN_BYTES_PER_BLOCK} B per block"),
                 layers * CHAIN_BYTES_PER_BLOCK,
@@ -255,20 +307,26 @@ pub fn saved_activations(
     }
     match config.loss {
         LossKind::Burn => {
-            let tied_copy = if config.tie_embeddings { vocab * d } else { 0 };
-            terms.push(Term::new(
+            let tied_copy = config.tie_embeddings && memory.copies_transposed_operands();
+            terms.push(Term::of(
                 Pool::SavedActivations,
                 "Burn's loss: hidden, logits − max, a column (+ the tied head's transposed \
-                 copy): 4·(T·d + T·V + T + 1) + 4·V·d if tied",
-                float * (tokens * d + tokens * vocab + tokens + 1 + tied_copy),
+                 copy on Flex): 4·(T·d + T·V + T + 1) + 4·V·d if tied",
+                [
+                    dims.td(1),
+                    dims.floats(1, dims.tokens * dims.vocab),
+                    dims.columns(1),
+                    dims.floats(1, 1),
+                    dims.vd(u64::from(tied_copy)),
+                ],
             ));
             ops += 22;
         }
         LossKind::Fused => {
-            terms.push(Term::new(
+            terms.push(Term::of(
                 Pool::SavedActivations,
                 "fused loss: d_hidden and d_weight, computed in forward: 4·(T·d + V·d + 1)",
-                float * (tokens * d + vocab * d + 1),
+                [dims.td(1), dims.vd(1), dims.floats(1, 1)],
             ));
             ops += 10;
         }
@@ -281,7 +339,7 @@ pub fn saved_activations(
             // And one per parameter read inside each standard block.
             BlockKind::Standard => ops += block_params * layers,
             // A reversible chain runs its blocks outside the graph and holds their uses itself.
-            BlockKind::Reversible => terms.push(Term::new(
+            BlockKind::Reversible => host.push(Term::new(
                 Pool::Backend,
                 format!(
                     "in-backward uses held by the chain: {block_params} per block × \
@@ -291,34 +349,47 @@ pub fn saved_activations(
             )),
         }
     }
-    terms.push(Term::new(
+    host.push(Term::new(
         Pool::Backend,
         format!("autodiff graph on Flex: {ops} ops × {GRAPH_BYTES_PER_OP} B"),
         ops * GRAPH_BYTES_PER_OP,
     ));
+    if memory.holds_the_graph() {
+        terms.extend(host);
+    }
     Ok(terms)
 }
 
+/// Each weight of one block, in the order its forward reads them.
+fn block_parameters(config: &LmConfig, float: u64) -> impl Iterator<Item = u64> {
+    config
+        .block_parameter_elements()
+        .into_iter()
+        .map(move |elements| float * elements as u64)
+}
+
 /// The parameters `config` builds, counted from its shapes without building it: what
-/// [`ParameterCensus::of`] reads from the model (so a 70B config costs nothing to count).
+/// [`ParameterCensus::of`] reads from the model (so a 70B config costs nothing to count), in
+/// the order the forward reads them: the token table, each block's, the final norm, an untied
+/// head.
 ///
 /// # Errors
 /// [`Error::InvalidConfig`] for the quantised linears, whose codes are not modelled yet.
 pub fn parameter_census(config: &LmConfig, float: DType) -> Result<ParameterCensus, Error> {
     require_dense_linears(config)?;
     let float = float.size() as u64;
-    let elements = config.param_count() as u64;
-    let d = config.d_model as u64;
-    // The largest matrix: the token table (and an untied head of the same shape), an MLP
-    // matrix or a query/output projection (key/value projections are at most as wide).
-    let largest = (config.vocab_size as u64 * d)
-        .max(d * config.d_ff as u64)
-        .max(d * d);
+    let table = float * (config.vocab_size * config.d_model) as u64;
+    let mut trained = vec![table];
+    for _ in 0..config.n_layers {
+        trained.extend(block_parameters(config, float));
+    }
+    trained.push(float * config.d_model as u64);
+    if !config.tie_embeddings {
+        trained.push(table);
+    }
     Ok(ParameterCensus {
-        bytes: float * elements,
-        trained_elements: elements,
-        trained_bytes: float * elements,
-        largest_trained_bytes: float * largest,
+        trained,
+        untrained_bytes: 0,
     })
 }
 
@@ -342,7 +413,8 @@ fn weight_gradient_batches(batch: u64, seq: u64, d_out: u64) -> u64 {
 
 /// The budget of one training step of `config` on a batch of `shape`, trained by `optimizer`,
 /// on a device that holds tensors as `memory` does: the moments where the step can peak, each
-/// with every term alive then (derived in docs/memory-model/peak-phases.md).
+/// with every term alive then (derived in docs/memory-model/peak-phases.md, and for pools
+/// docs/memory-model/cube-pools.md).
 ///
 /// The phases, in the order they happen:
 /// - **fused loss, forward** (fused loss): the worst chunk, its logits and weight-gradient share
@@ -376,14 +448,13 @@ pub fn step_budget(
     }
     let census = parameter_census(config, shape.float)?;
     let after = optimizer.timing == UpdateTiming::AfterBackward;
-    let saved = saved_activations(config, shape, !after)?;
+    let saved = saved_activations(config, shape, !after, memory)?;
     let dims = Dims::new(config, shape);
     let Dims {
         batch,
         seq,
         tokens,
         d,
-        d_kv,
         d_ff,
         vocab,
         layers,
@@ -395,20 +466,11 @@ pub fn step_budget(
         true => ops * GRAPH_BYTES_PER_OP,
         false => 0,
     };
-    // Bytes of the step's tensor shapes.
-    let [td, tf, tv, vd, fd, dd, td_kv] = [
-        tokens * d,
-        tokens * d_ff,
-        tokens * vocab,
-        vocab * d,
-        d_ff * d,
-        d * d,
-        tokens * d_kv,
-    ]
-    .map(|elements| float * elements);
-    let mlp_params = float * mlp_matrices(config) * d * d_ff;
-    let layer_params = mlp_params + float * (2 * d + 2 * d * d + 2 * d * d_kv);
-    let mlp_saved = mlp_saved_tensors(config);
+    let fd = dims.floats(1, d_ff * d).bytes;
+    let mlp_matrices = config.mlp_matrices() as u64;
+    let block: Vec<Tensors> = block_parameters(config, float)
+        .map(|bytes| Tensors::new(1, bytes))
+        .collect();
     let tied = config.tie_embeddings;
 
     let rope_tables = match config.blocks {
@@ -417,11 +479,22 @@ pub fn step_budget(
         BlockKind::Reversible => 2,
     };
     let persistent = [
-        Term::new(Pool::Parameters, "parameters", census.bytes),
-        Term::new(
+        Term::of(
             Pool::Parameters,
-            format!("rotary table(s): {rope_tables} × 2·max_seq·d_head floats"),
-            rope_tables * float * 2 * (config.max_seq_len * config.d_head()) as u64,
+            "parameters",
+            census.trained.iter().map(|&bytes| Tensors::new(1, bytes)),
+        ),
+        optimizer.replaced_parameters(&census, memory),
+        Term::of(
+            Pool::Buffers,
+            format!("{rope_tables} rotary table(s) of 2·max_seq·d_head floats; the batch's ids"),
+            [
+                dims.floats(
+                    rope_tables,
+                    2 * (config.max_seq_len * config.d_head()) as u64,
+                ),
+                Tensors::new(2, 4 * tokens),
+            ],
         ),
         optimizer.state(&census),
     ];
@@ -429,20 +502,26 @@ pub fn step_budget(
         name,
         terms: persistent.iter().cloned().chain(terms).collect(),
     };
-    let workspace = |what: String, bytes: u64| Term::new(Pool::Workspace, what, bytes);
+    let workspace = |what: String, tensors: Vec<Tensors>| Term::of(Pool::Workspace, what, tensors);
+    // The gradients of the head, the final norm and the blocks after block `l`.
+    let gradients_after = |l: u64| {
+        [dims.vd(1), dims.floats(1, d)]
+            .into_iter()
+            .chain((l + 1..layers).flat_map(|_| block.iter().copied()))
+    };
     // The gradients alive when backward reaches block `l`: the head's and final norm's, and
     // every later block's (after backward); in backward only the tied table's head share,
     // which waits for the embedding's.
     let gradients_at = |l: u64| match (after, tied) {
-        (true, _) => Term::new(
+        (true, _) => Term::of(
             Pool::Gradients,
             format!("head, final norm and {} later block(s)", layers - 1 - l),
-            vd + float * d + (layers - 1 - l) * layer_params,
+            gradients_after(l),
         ),
-        (false, true) => Term::new(
+        (false, true) => Term::of(
             Pool::Gradients,
             "the tied table's head share, until the embedding's backward",
-            vd,
+            [dims.vd(1)],
         ),
         (false, false) => Term::new(Pool::Gradients, "none: each applied when made", 0),
     };
@@ -450,8 +529,18 @@ pub fn step_budget(
     let worst_block = |phase_at: &dyn Fn(u64) -> Phase| {
         (0..layers)
             .map(phase_at)
-            .max_by_key(Phase::bytes)
+            .max_by_key(|phase| memory.held(phase))
             .expect("a model has at least one block")
+    };
+    // The down projection's weight gradient, made per batch, or the MLP-input gradient's
+    // second copy where that is larger.
+    let down_gradient = {
+        let per_batch = Tensors::new(copies * weight_gradient_batches(batch, seq, d), fd);
+        let second = dims.tf(copies - 1);
+        match second.count * second.bytes >= per_batch.count * per_batch.bytes {
+            true => second,
+            false => per_batch,
+        }
     };
 
     let mut phases = Vec::new();
@@ -459,13 +548,27 @@ pub fn step_budget(
         LossKind::Fused => {
             let chunk = (FusedCrossEntropyOptions::default().chunk_tokens(vocab as usize) as u64)
                 .min(tokens);
-            let (cd, cv) = (float * chunk * d, float * chunk * vocab);
+            let logits = dims.floats(1, chunk * vocab);
             // The first chunk writes the weight gradient's running sum; later ones add to it.
-            let first_only = if chunk == tokens { vd } else { 0 };
+            let first_only = u64::from(chunk == tokens);
+            let chunk_output =
+                match logits.bytes + copies * dims.vd(1).bytes >= copies * logits.bytes {
+                    true => vec![logits, dims.vd(copies - first_only)],
+                    false => vec![
+                        Tensors::new(copies - 1, logits.bytes),
+                        Tensors::new(1, logits.bytes - first_only * dims.vd(1).bytes),
+                    ],
+                };
             let mut terms = saved.clone();
             terms.push(workspace(
-                format!("hidden states, a {chunk}-token chunk's rows, its logits and weight-gradient share"),
-                td + cd + (cv + copies * vd).max(copies * cv) - first_only,
+                format!(
+                    "hidden states, a {chunk}-token chunk's rows, its logits and weight-gradient \
+                     share"
+                ),
+                [dims.td(1), dims.floats(1, chunk * d)]
+                    .into_iter()
+                    .chain(chunk_output)
+                    .collect(),
             ));
             phases.push(phase("fused loss, forward", terms));
         }
@@ -473,33 +576,34 @@ pub fn step_budget(
             let mut terms = saved.clone();
             terms.push(workspace(
                 "two [T, vocab] buffers (gather's zeros, the log-softmax gradient)".into(),
-                2 * tv,
+                vec![dims.floats(2, tokens * vocab)],
             ));
             phases.push(phase("loss backward", terms));
-            let weight_gradient = match tied {
-                // A batched matmul by the table's transposed copy, which is freed first.
-                true => copies * batch * vd - vd,
-                false => copies * weight_gradient_batches(batch, seq, vocab) * vd,
+            let weight_gradients = match tied {
+                // A batched matmul by the table, whose transposed copy (Flex) is freed first.
+                true => copies * batch - u64::from(memory.copies_transposed_operands()),
+                false => copies * weight_gradient_batches(batch, seq, vocab),
             };
             let mut terms = saved.clone();
             terms.push(workspace(
                 "hidden-state gradient, the head's weight gradient made per batch".into(),
-                td + weight_gradient,
+                vec![dims.td(1), dims.vd(weight_gradients)],
             ));
             phases.push(phase("head backward", terms));
         }
     }
-    let down_gradient = copies * weight_gradient_batches(batch, seq, d) * fd;
     match config.blocks {
         BlockKind::Standard => {
-            let layer = standard_layer(config, shape);
-            // What blocks 0..=l still hold when backward reaches block l.
-            let saved_to = |l: u64| {
+            let layer = standard_layer(config, shape, memory);
+            // What blocks 0..l hold whole, and block l holds in `last`, with their graph.
+            let saved_to = |l: u64, last: &[Tensors], what: String| {
                 vec![
-                    Term::new(
+                    Term::of(
                         Pool::SavedActivations,
-                        format!("blocks 0..={l}"),
-                        (l + 1) * layer.bytes,
+                        what,
+                        (0..l)
+                            .flat_map(|_| layer.tensors())
+                            .chain(last.iter().copied()),
                     ),
                     Term::new(
                         Pool::Backend,
@@ -508,44 +612,45 @@ pub fn step_budget(
                     ),
                 ]
             };
+            let whole: Vec<Tensors> = layer.tensors().collect();
             phases.push(worst_block(&|l| {
-                let mut terms = saved_to(l);
+                let mut terms = saved_to(l, &whole, format!("blocks 0..={l}"));
                 terms.push(gradients_at(l));
                 terms.push(workspace(
                     format!(
                         "block {l}: output gradient, MLP-input gradient, down-projection weight \
                          gradient made per batch"
                     ),
-                    td + tf + ((copies - 1) * tf).max(down_gradient),
+                    vec![dims.td(1), dims.tf(1), down_gradient],
                 ));
                 phase("MLP backward", terms)
             }));
             phases.push(worst_block(&|l| {
-                let mut terms = saved_to(l);
                 // Block l's MLP has given back its activations, its norm's and its input.
-                terms[0] = Term::new(
-                    Pool::SavedActivations,
+                let mut terms = saved_to(
+                    l,
+                    &layer.attention,
                     format!("blocks 0..{l}, and block {l}'s attention part"),
-                    (l + 1) * layer.bytes
-                        - float * (mlp_saved * tokens * d_ff + 4 * tokens * d + 2 * tokens),
                 );
                 terms.push(gradients_at(l));
                 if after {
-                    terms.push(Term::new(
+                    terms.push(Term::of(
                         Pool::Gradients,
                         format!("block {l}'s MLP and output projection"),
-                        mlp_params + dd,
+                        [Tensors::new(mlp_matrices, fd), dims.floats(1, d * d)],
                     ));
                 }
                 let op = match config.attention {
-                    AttentionKind::Burn => copies * dims.scores(),
-                    AttentionKind::Flash => td + 3 * td_kv + 4 * float * SCORE_TILE,
+                    AttentionKind::Burn => vec![dims.scores(copies)],
+                    AttentionKind::Flash => {
+                        vec![dims.td(1), dims.td_kv(3), dims.floats(4, SCORE_TILE)]
+                    }
                 };
                 terms.push(workspace(
                     format!(
                         "block {l}: two activation gradients and the attention backward's buffers"
                     ),
-                    2 * td + op,
+                    [dims.td(2)].into_iter().chain(op).collect(),
                 ));
                 phase("attention backward", terms)
             }));
@@ -566,10 +671,12 @@ pub fn step_budget(
                         "block {b}: the walk's y, dy; the MLP rebuilt (norm, output and its \
                          gradient, c + 1 [T, d_ff]); the down-projection weight gradient"
                     ),
-                    float * 8 * tokens * d
-                        + (mlp_saved + 1) * tf
-                        + ((copies - 1) * tf).max(down_gradient)
-                        + float * 2 * tokens,
+                    vec![
+                        dims.td(8),
+                        dims.tf(mlp_saved_tensors(config) + 1),
+                        down_gradient,
+                        dims.columns(2),
+                    ],
                 ));
                 phase("MLP recompute", terms)
             }));
@@ -577,22 +684,21 @@ pub fn step_budget(
                 let mut terms = chain.clone();
                 terms.push(gradients_at(b));
                 if after {
-                    terms.push(Term::new(
+                    terms.push(Term::of(
                         Pool::Gradients,
                         format!("block {b}'s MLP"),
-                        mlp_params,
+                        [Tensors::new(mlp_matrices, fd)],
                     ));
                 }
-                let rows = batch * dims.heads * seq;
                 let attention = match config.attention {
-                    AttentionKind::Burn => {
-                        float * 13 * tokens * d
-                            + (3 + copies) * dims.scores()
-                            + 12 * rows
-                            + seq * seq
-                    }
+                    AttentionKind::Burn => vec![
+                        dims.td(13),
+                        dims.scores(3 + copies),
+                        dims.rows(3, 4),
+                        Tensors::new(1, memory.bool_bytes() * seq * seq),
+                    ],
                     AttentionKind::Flash => {
-                        float * 13 * tokens * d + 5 * td_kv + 4 * float * SCORE_TILE
+                        vec![dims.td(13), dims.td_kv(5), dims.floats(4, SCORE_TILE)]
                     }
                 };
                 terms.push(workspace(
@@ -600,26 +706,28 @@ pub fn step_budget(
                         "block {b}: the walk's state, the attention rebuilt and its backward, \
                          the output projection's gradient"
                     ),
-                    attention + dd,
+                    attention
+                        .into_iter()
+                        .chain([dims.floats(1, d * d)])
+                        .collect(),
                 ));
                 phase("attention recompute", terms)
             }));
         }
     }
-    let kept = match (after, tied) {
-        // The head's share holds the tied table's gradient, which the embedding's adds to.
-        (true, true) => census.trained_bytes,
-        (true, false) => census.trained_bytes - vd,
-        (false, true) => vd,
-        (false, false) => 0,
+    // The head's share holds a tied table's gradient, which the embedding's adds to.
+    let kept: Vec<Tensors> = match (after, tied) {
+        (true, _) => gradients_after(0).chain(block.iter().copied()).collect(),
+        (false, true) => vec![dims.vd(1)],
+        (false, false) => Vec::new(),
     };
     phases.push(phase(
         "embedding backward",
         vec![
-            Term::new(Pool::Gradients, "every gradient kept so far", kept),
+            Term::of(Pool::Gradients, "every gradient kept so far", kept),
             workspace(
                 "the embedding's output gradient and its zeroed [vocab, d] gradient".into(),
-                td + copies * vd,
+                vec![dims.td(1), dims.vd(copies)],
             ),
         ],
     ));
@@ -632,5 +740,5 @@ pub fn step_budget(
             ],
         ));
     }
-    Ok(Budget { phases })
+    Ok(Budget { phases, memory })
 }

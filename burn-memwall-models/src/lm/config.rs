@@ -189,21 +189,32 @@ impl LmConfig {
     /// Exact number of weights of the model this config builds (trainable scalars; for counter
     /// codes, the weights they hold). Standard and reversible blocks have the same.
     pub fn param_count(&self) -> usize {
+        let block: usize = self.block_parameter_elements().iter().sum();
+        let head = match self.tie_embeddings {
+            true => 0,
+            false => self.vocab_size * self.d_model,
+        };
+        self.vocab_size * self.d_model + self.n_layers * block + self.d_model + head
+    }
+
+    /// Elements of each weight of one block, in the order its forward reads them: the
+    /// attention's norm, query, key, value and output projections, the MLP's norm and
+    /// matrices.
+    pub fn block_parameter_elements(&self) -> Vec<usize> {
         let d = self.d_model;
         let kv = self.n_kv_heads * self.d_head();
-        let attention = d * d + 2 * d * kv + d * d;
-        let mlp = match self.mlp {
-            MlpKind::SwiGlu => 3 * d * self.d_ff,
-            MlpKind::ReluSquared => 2 * d * self.d_ff,
-        };
-        let norms_per_layer = 2 * d;
-        let embedding = self.vocab_size * d;
-        let head = if self.tie_embeddings {
-            0
-        } else {
-            self.vocab_size * d
-        };
-        embedding + self.n_layers * (attention + mlp + norms_per_layer) + d + head
+        [d, d * d, d * kv, d * kv, d * d, d]
+            .into_iter()
+            .chain(std::iter::repeat_n(d * self.d_ff, self.mlp_matrices()))
+            .collect()
+    }
+
+    /// Weight matrices of one MLP: SwiGLU's gate, up and down, ReLU²'s up and down.
+    pub fn mlp_matrices(&self) -> usize {
+        match self.mlp {
+            MlpKind::SwiGlu => 3,
+            MlpKind::ReluSquared => 2,
+        }
     }
 }
 

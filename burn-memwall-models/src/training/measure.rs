@@ -82,9 +82,9 @@ pub fn measure_training_steps(
         .with_in_backward(optimizer.in_backward());
     let sizes = initialize_parameters(&model);
     // Gradients of the trained parameters: all at once after backward, or one at a time in it.
-    let gradient_bytes = optimizer.plan().gradients(&sizes).bytes;
+    let gradient_bytes = optimizer.plan().gradients(&sizes).bytes();
     let mut optimizer = optimizer.init(WEIGHT_DECAY);
-    let parameter_bytes = sizes.bytes;
+    let parameter_bytes = sizes.bytes();
 
     let (mut peak, mut saved_activations) = (0u64, 0u64);
     let (mut timed_seconds, mut loss) = (0.0f64, f32::NAN);

@@ -40,7 +40,7 @@ impl StepOptimizer {
     /// What the optimizer holds, for the memory budget. Burn's AdamW on Flex allocates one
     /// parameter-sized temporary per update (element-wise ops run in place on unique tensors,
     /// docs/memory-model/peak-phases.md, M9); its SGD without momentum and the fused updates
-    /// work in place.
+    /// need no temporary. Only the fused updates write into the parameter's own buffer.
     pub fn plan(self) -> OptimizerPlan {
         let (moments, update_temporaries) = match self {
             Self::AdamW | Self::InBackwardAdamW => (2, 1),
@@ -56,6 +56,7 @@ impl StepOptimizer {
             moments,
             timing,
             update_temporaries,
+            in_place: matches!(self, Self::InBackwardFusedAdamW | Self::InBackwardFusedSgd),
         }
     }
 

@@ -33,8 +33,10 @@ const STEP_TIME: [(&str, f64); 14] = [
 #[derive(Clone, Debug)]
 pub struct Candidate {
     pub stack: NamedSwitches,
-    /// The step's phases; its peak is the stack's.
+    /// The step's phases.
     pub budget: Budget,
+    /// The budget's predicted peak.
+    pub peak: u64,
     /// Step time relative to `baseline`'s (the planner's cost table).
     pub step_time: f64,
 }
@@ -67,6 +69,7 @@ impl Plan {
             let budget = step_budget(&config, &optimizer.plan(), shape, memory)?;
             candidates.push(Candidate {
                 stack,
+                peak: budget.peak(),
                 budget,
                 step_time,
             });
@@ -79,41 +82,38 @@ impl Plan {
 
     /// The stacks whose predicted peak is at most `available` bytes, cheapest in step time
     /// first (the smaller peak first among equals).
-    pub fn fitting(&self, available: u64) -> Vec<&Candidate> {
+    ///
+    /// # Errors
+    /// [`Error::DoesNotFit`] when none fits, naming the smallest budget that would work and
+    /// its stack.
+    pub fn fitting(&self, available: u64) -> Result<Vec<&Candidate>, Error> {
         let mut fitting: Vec<&Candidate> = self
             .candidates
             .iter()
-            .filter(|candidate| candidate.budget.peak() <= available)
+            .filter(|candidate| candidate.peak <= available)
             .collect();
+        if fitting.is_empty() {
+            let smallest = self.smallest();
+            return Err(Error::DoesNotFit(format!(
+                "no stack fits in {}: the smallest predicted peak is {} (`{}`)",
+                human_bytes(available),
+                human_bytes(smallest.peak),
+                smallest.stack.name
+            )));
+        }
         fitting.sort_by(|a, b| {
             a.step_time
                 .total_cmp(&b.step_time)
-                .then(a.budget.peak().cmp(&b.budget.peak()))
+                .then(a.peak.cmp(&b.peak))
         });
-        fitting
+        Ok(fitting)
     }
 
     /// The stack with the smallest predicted peak.
     pub fn smallest(&self) -> &Candidate {
         self.candidates
             .iter()
-            .min_by_key(|candidate| candidate.budget.peak())
+            .min_by_key(|candidate| candidate.peak)
             .expect("every plan models the baseline")
-    }
-
-    /// The cheapest stack that fits in `available` bytes.
-    ///
-    /// # Errors
-    /// [`Error::DoesNotFit`] naming the smallest budget that would work, and its stack.
-    pub fn choose(&self, available: u64) -> Result<&Candidate, Error> {
-        self.fitting(available).first().copied().ok_or_else(|| {
-            let smallest = self.smallest();
-            Error::DoesNotFit(format!(
-                "no stack fits in {}: the smallest predicted peak is {} (`{}`)",
-                human_bytes(available),
-                human_bytes(smallest.budget.peak()),
-                smallest.stack.name
-            ))
-        })
     }
 }

@@ -17,8 +17,11 @@ use super::human_bytes;
 /// Where a term's bytes belong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Pool {
-    /// The model's weights and buffers.
+    /// The model's weights.
     Parameters,
+    /// Tensors that are neither weights nor activations: the model's constant tables, the
+    /// batch's token ids.
+    Buffers,
     /// What the optimizer keeps from one step to the next (its moments).
     OptimizerState,
     /// Parameter gradients alive at the same time.
@@ -35,8 +38,9 @@ pub enum Pool {
 
 impl Pool {
     /// Every pool, in the order a table lists them.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Parameters,
+        Self::Buffers,
         Self::OptimizerState,
         Self::Gradients,
         Self::SavedActivations,
@@ -49,6 +53,7 @@ impl Pool {
     pub fn name(self) -> &'static str {
         match self {
             Self::Parameters => "parameters",
+            Self::Buffers => "buffers",
             Self::OptimizerState => "optimizer state",
             Self::Gradients => "gradients",
             Self::SavedActivations => "saved activations",
@@ -59,25 +64,69 @@ impl Pool {
     }
 }
 
-/// The bytes of one formula, and the formula in words.
+/// `count` tensors of `bytes` each: how a term's bytes are split, which a paged device
+/// places one tensor at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tensors {
+    /// How many.
+    pub count: u64,
+    /// Bytes of each.
+    pub bytes: u64,
+}
+
+impl Tensors {
+    /// `count` tensors of `bytes` each.
+    pub fn new(count: u64, bytes: u64) -> Self {
+        Self { count, bytes }
+    }
+
+    /// Every tensor, `count` times its size.
+    fn each(self) -> impl Iterator<Item = u64> {
+        (0..self.count).map(move |_| self.bytes)
+    }
+}
+
+/// The tensors of one formula, and the formula in words.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Term {
     /// The pool the bytes belong to.
     pub pool: Pool,
     /// What the bytes are, with the formula (e.g. `"AdamW moments: 2 × 4 B × 1.10M"`).
     pub what: String,
-    /// The bytes.
-    pub bytes: u64,
+    /// The tensors, in the order they are made.
+    pub tensors: Vec<Tensors>,
 }
 
 impl Term {
-    /// `bytes` of `pool`, described by `what`.
+    /// One tensor of `bytes` (none when `bytes` is 0) in `pool`, described by `what`.
     pub fn new(pool: Pool, what: impl Into<String>, bytes: u64) -> Self {
+        Self::of(pool, what, [Tensors::new(1, bytes)])
+    }
+
+    /// The `tensors` of `pool`, described by `what`.
+    pub fn of(
+        pool: Pool,
+        what: impl Into<String>,
+        tensors: impl IntoIterator<Item = Tensors>,
+    ) -> Self {
         Self {
             pool,
             what: what.into(),
-            bytes,
+            tensors: tensors
+                .into_iter()
+                .filter(|tensors| tensors.count > 0 && tensors.bytes > 0)
+                .collect(),
         }
+    }
+
+    /// Bytes of all its tensors.
+    pub fn bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.count * t.bytes).sum()
+    }
+
+    /// Each tensor's bytes, in the order they are made.
+    fn each(&self) -> impl Iterator<Item = u64> + '_ {
+        self.tensors.iter().flat_map(|tensors| tensors.each())
     }
 }
 
@@ -93,7 +142,7 @@ pub struct Phase {
 impl Phase {
     /// Everything alive in this phase.
     pub fn bytes(&self) -> u64 {
-        self.terms.iter().map(|term| term.bytes).sum()
+        self.terms.iter().map(Term::bytes).sum()
     }
 
     /// The bytes of `pool` in this phase.
@@ -101,19 +150,26 @@ impl Phase {
         self.terms
             .iter()
             .filter(|term| term.pool == pool)
-            .map(|term| term.bytes)
+            .map(Term::bytes)
             .sum()
     }
 }
 
-/// The phases of one training step.
+/// The phases of one training step on one kind of device memory.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Budget {
     /// In the order they happen.
     pub phases: Vec<Phase>,
+    /// How the device holds them.
+    pub memory: DeviceMemory,
 }
 
 impl Budget {
+    /// What the device holds for `phase` alone.
+    pub fn held(&self, phase: &Phase) -> u64 {
+        self.memory.held(phase)
+    }
+
     /// The phase that holds the most.
     ///
     /// # Panics
@@ -121,13 +177,21 @@ impl Budget {
     pub fn peak_phase(&self) -> &Phase {
         self.phases
             .iter()
-            .max_by_key(|phase| phase.bytes())
+            .max_by_key(|phase| self.held(phase))
             .expect("a budget has at least one phase")
     }
 
-    /// The predicted peak of the step.
+    /// The predicted peak of the step. On pools, which keep every page they open, each pool
+    /// reads its largest phase, and the pools' largest phases can differ.
     pub fn peak(&self) -> u64 {
-        self.peak_phase().bytes()
+        match self.memory {
+            DeviceMemory::Heap => self.held(self.peak_phase()),
+            DeviceMemory::Pools => {
+                let pages: Vec<Pages> = self.phases.iter().map(Pages::of).collect();
+                let most = |pool: fn(&Pages) -> u64| pages.iter().map(pool).max().unwrap_or(0);
+                most(|p| p.slots) + most(|p| p.small) + most(|p| p.arena) + POOLS_STAGING
+            }
+        }
     }
 }
 
@@ -135,16 +199,21 @@ impl fmt::Display for Budget {
     /// Each phase's total, then the peak phase's terms.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for phase in &self.phases {
-            writeln!(f, "{:<24} {:>12}", phase.name, human_bytes(phase.bytes()))?;
+            writeln!(
+                f,
+                "{:<24} {:>12}",
+                phase.name,
+                human_bytes(self.held(phase))
+            )?;
         }
         let peak = self.peak_phase();
-        writeln!(f, "peak: {} ({})", human_bytes(peak.bytes()), peak.name)?;
+        writeln!(f, "peak: {} ({})", human_bytes(self.peak()), peak.name)?;
         for term in &peak.terms {
             writeln!(
                 f,
                 "  {:<20} {:>12}  {}",
                 term.pool.name(),
-                human_bytes(term.bytes),
+                human_bytes(term.bytes()),
                 term.what
             )?;
         }
@@ -158,16 +227,13 @@ impl fmt::Display for Budget {
 /// draws them at their first read) costs nothing to count. A float parameter counts as trained
 /// unless it is initialised on an autodiff device without requiring a gradient (frozen with
 /// `no_grad`); one not yet initialised reads as trained.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ParameterCensus {
-    /// Bytes of every parameter: float weights, and int or bool buffers (a counter code's words).
-    pub bytes: u64,
-    /// Elements of the float parameters that train.
-    pub trained_elements: u64,
-    /// Bytes of the float parameters that train.
-    pub trained_bytes: u64,
-    /// Bytes of the largest float parameter that trains.
-    pub largest_trained_bytes: u64,
+    /// Bytes of each float parameter that trains, in the module's order.
+    pub trained: Vec<u64>,
+    /// Bytes of the parameters that do not train: frozen floats, and int or bool buffers (a
+    /// counter code's words).
+    pub untrained_bytes: u64,
 }
 
 impl ParameterCensus {
@@ -178,9 +244,10 @@ impl ParameterCensus {
             census: ParameterCensus,
             float: DType,
         }
-        /// The element size of `param`: its own dtype's once initialised, else `uninitialised`.
-        fn element_size<T: burn::module::Parameter>(
+        /// The bytes of `param`: at its own dtype's size once initialised, else `uninitialised`'s.
+        fn bytes<T: burn::module::Parameter>(
             param: &Param<T>,
+            shape: burn::tensor::Shape,
             dtype: impl Fn(&T) -> DType,
             uninitialised: DType,
         ) -> u64 {
@@ -188,31 +255,27 @@ impl ParameterCensus {
                 true => dtype(&param.val()),
                 false => uninitialised,
             };
-            dtype.size() as u64
+            shape.num_elements() as u64 * dtype.size() as u64
         }
         impl ModuleVisitor for Census {
             fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-                let elements = param.lazy_shape().num_elements() as u64;
-                let bytes = elements * element_size(param, Tensor::dtype, self.float);
+                let bytes = bytes(param, param.lazy_shape(), Tensor::dtype, self.float);
                 let frozen = param.is_initialized() && {
                     let value = param.val();
                     value.is_autodiff() && !value.is_require_grad()
                 };
-                self.census.bytes += bytes;
-                if !frozen {
-                    self.census.trained_elements += elements;
-                    self.census.trained_bytes += bytes;
-                    self.census.largest_trained_bytes =
-                        self.census.largest_trained_bytes.max(bytes);
+                match frozen {
+                    true => self.census.untrained_bytes += bytes,
+                    false => self.census.trained.push(bytes),
                 }
             }
             fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<D, Int>>) {
-                let elements = param.lazy_shape().num_elements() as u64;
-                self.census.bytes += elements * element_size(param, Tensor::dtype, DType::I32);
+                self.census.untrained_bytes +=
+                    bytes(param, param.lazy_shape(), Tensor::dtype, DType::I32);
             }
             fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<D, Bool>>) {
-                let elements = param.lazy_shape().num_elements() as u64;
-                self.census.bytes += elements * element_size(param, Tensor::dtype, DType::U8);
+                self.census.untrained_bytes +=
+                    bytes(param, param.lazy_shape(), Tensor::dtype, DType::U8);
             }
         }
         let mut census = Census {
@@ -221,6 +284,83 @@ impl ParameterCensus {
         };
         module.visit(&mut census);
         census.census
+    }
+
+    /// Bytes of every parameter.
+    pub fn bytes(&self) -> u64 {
+        self.trained_bytes() + self.untrained_bytes
+    }
+
+    /// Bytes of the parameters that train.
+    pub fn trained_bytes(&self) -> u64 {
+        self.trained.iter().sum()
+    }
+
+    /// Bytes of the largest parameter that trains.
+    pub fn largest_trained_bytes(&self) -> u64 {
+        self.trained.iter().copied().max().unwrap_or(0)
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Tensors of at most this size share CubeCL's small pages (cubecl-server
+/// `memory_management/dynamic/adaptive.rs`).
+const SMALL_TENSOR: u64 = 64 << 10;
+/// The size of a small page.
+const SMALL_PAGE: u64 = 8 * MIB;
+/// The first size of an arena page; a tensor too large for it grows the pages made after it
+/// to its size plus [`ARENA_GROWTH_MARGIN`], rounded up to whole MiB (`arena.rs`).
+const ARENA_PAGE: u64 = 2 * MIB;
+const ARENA_GROWTH_MARGIN: u64 = MIB;
+/// The pools' own: staging and uniform buffers (measured on lavapipe: 0.08 to 0.72 MiB past
+/// the tensors' pages; docs/memory-model/cube-pools.md).
+const POOLS_STAGING: u64 = 100 << 10;
+
+/// What CubeCL's pools reserve for one phase's tensors.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Pages {
+    /// Exact slots of the persistent pool: the parameters.
+    slots: u64,
+    /// Small pages.
+    small: u64,
+    /// Arena pages.
+    arena: u64,
+}
+
+impl Pages {
+    /// Places the phase's parameters in exact slots and every other tensor, in the order the
+    /// terms list them, on the first page with room (no tensor spans two pages), opening a page
+    /// when none has room.
+    fn of(phase: &Phase) -> Self {
+        let mut small: Vec<u64> = Vec::new(); // the room left on each page
+        let mut arena: Vec<u64> = Vec::new();
+        let (mut pages, mut arena_page) = (Self::default(), ARENA_PAGE);
+        for term in &phase.terms {
+            if term.pool == Pool::Parameters {
+                pages.slots += term.bytes();
+                continue;
+            }
+            for bytes in term.each() {
+                let (room, page, reserved) = match bytes <= SMALL_TENSOR {
+                    true => (&mut small, SMALL_PAGE, &mut pages.small),
+                    false => {
+                        if bytes > arena_page {
+                            arena_page = (bytes + ARENA_GROWTH_MARGIN).div_ceil(MIB) * MIB;
+                        }
+                        (&mut arena, arena_page, &mut pages.arena)
+                    }
+                };
+                match room.iter_mut().find(|left| **left >= bytes) {
+                    Some(left) => *left -= bytes,
+                    None => {
+                        room.push(page - bytes);
+                        *reserved += page;
+                    }
+                }
+            }
+        }
+        pages
     }
 }
 
@@ -231,27 +371,69 @@ pub enum DeviceMemory {
     /// zeroed (every matmul output, `zeros`) is allocated as bytes and then copied into a
     /// 16-aligned allocation while the first is still live, so it is briefly held twice.
     Heap,
+    /// Cube devices (wgpu, CUDA, ROCm): CubeCL's pools, read as the bytes they reserve. The
+    /// parameters, made while the persistent window is open, get exact slots; every other
+    /// tensor lands on a page: up to 64 KiB on 8 MiB small pages, larger ones on 2 MiB arena
+    /// pages, first fit. Pages are kept once opened, so each pool reads its fullest phase
+    /// (docs/memory-model/cube-pools.md; checked on lavapipe).
+    Pools,
 }
 
 impl DeviceMemory {
-    /// How `device` holds tensors, where the budget models it: `None` for Cube devices, whose
-    /// pools are not modelled yet.
-    pub fn of(device: &Device) -> Option<Self> {
-        device.memory_pool_usage().is_none().then_some(Self::Heap)
+    /// How `device` holds tensors.
+    pub fn of(device: &Device) -> Self {
+        match device.memory_pool_usage() {
+            Some(_) => Self::Pools,
+            None => Self::Heap,
+        }
+    }
+
+    /// What this memory holds for `phase` alone: its bytes on a heap; on pools the slots and
+    /// pages its tensors take.
+    pub fn held(self, phase: &Phase) -> u64 {
+        match self {
+            Self::Heap => phase.bytes(),
+            Self::Pools => {
+                let pages = Pages::of(phase);
+                pages.slots + pages.small + pages.arena + POOLS_STAGING
+            }
+        }
     }
 
     /// How many times a new matmul output or zeroed buffer is held at its creation.
     pub fn output_copies(self) -> u64 {
         match self {
             Self::Heap => 2,
+            Self::Pools => 1,
         }
     }
 
-    /// Whether the autodiff graph's bookkeeping is held in this memory.
+    /// Whether the autodiff graph's bookkeeping is held in this memory (on Cube devices it is
+    /// host memory, outside the pools).
     pub fn holds_the_graph(self) -> bool {
+        self == Self::Heap
+    }
+
+    /// Whether a matmul by a transposed view copies it first: Flex's matmul does, CubeCL's
+    /// kernels read the strides.
+    pub fn copies_transposed_operands(self) -> bool {
+        self == Self::Heap
+    }
+
+    /// Bytes of one bool element: Flex stores a byte, CubeCL a 32-bit word (burn-backend's
+    /// bool element on Cube devices).
+    pub fn bool_bytes(self) -> u64 {
         match self {
-            Self::Heap => true,
+            Self::Heap => 1,
+            Self::Pools => 4,
         }
+    }
+
+    /// Whether a parameter that an update writes to a new buffer during backward leaves its
+    /// old place reserved: on pools its persistent slot stays reserved and empty (measured:
+    /// Burn's optimizers routed through `InBackward`; cube-pools.md).
+    pub fn keeps_replaced_parameter_slots(self) -> bool {
+        self == Self::Pools
     }
 }
 
@@ -279,15 +461,21 @@ pub struct OptimizerPlan {
     /// element-wise updates, what the backend measures (1 for AdamW and SGD on Flex, which runs
     /// element-wise ops in place on unique tensors; 2 for Lion).
     pub update_temporaries: u64,
+    /// Whether the update writes into the parameter's own buffer (the fused updates of
+    /// [`crate::optim`]) rather than a new one (Burn's optimizers).
+    pub in_place: bool,
 }
 
 impl OptimizerPlan {
     /// The moments of every trained parameter, kept between steps.
     pub fn state(&self, census: &ParameterCensus) -> Term {
-        Term::new(
+        Term::of(
             Pool::OptimizerState,
             format!("{} moment(s) × the trained parameters", self.moments),
-            self.moments * census.trained_bytes,
+            census
+                .trained
+                .iter()
+                .map(|&bytes| Tensors::new(self.moments, bytes)),
         )
     }
 
@@ -295,28 +483,49 @@ impl OptimizerPlan {
     /// largest one's when each is applied in backward.
     pub fn gradients(&self, census: &ParameterCensus) -> Term {
         match self.timing {
-            UpdateTiming::AfterBackward => Term::new(
+            UpdateTiming::AfterBackward => Term::of(
                 Pool::Gradients,
                 "one per trained parameter, all alive when backward ends",
-                census.trained_bytes,
+                census.trained.iter().map(|&bytes| Tensors::new(1, bytes)),
             ),
             UpdateTiming::InBackward => Term::new(
                 Pool::Gradients,
                 "one at a time in backward: the largest trained parameter's",
-                census.largest_trained_bytes,
+                census.largest_trained_bytes(),
             ),
         }
     }
 
     /// The temporaries of the largest parameter's update.
     pub fn update_temporaries(&self, census: &ParameterCensus) -> Term {
-        Term::new(
+        Term::of(
             Pool::UpdateTemporaries,
             format!(
                 "{} × the largest trained parameter, for its update",
                 self.update_temporaries
             ),
-            self.update_temporaries * census.largest_trained_bytes,
+            [Tensors::new(
+                self.update_temporaries,
+                census.largest_trained_bytes(),
+            )],
+        )
+    }
+
+    /// On `memory`, the trained parameters an update during backward wrote to new buffers
+    /// while their old places stay reserved (nothing where the update is in place, after
+    /// backward, or on a heap, which frees the old buffer).
+    pub fn replaced_parameters(&self, census: &ParameterCensus, memory: DeviceMemory) -> Term {
+        let replaced = !self.in_place
+            && self.timing == UpdateTiming::InBackward
+            && memory.keeps_replaced_parameter_slots();
+        Term::of(
+            Pool::Backend,
+            "the trained parameters rewritten to new pages in backward; their slots stay \
+             reserved",
+            census
+                .trained
+                .iter()
+                .map(|&bytes| Tensors::new(u64::from(replaced), bytes)),
         )
     }
 }
@@ -347,9 +556,9 @@ mod tests {
         let census = ParameterCensus::of(&model, DType::BF16);
         assert!(!model.first.weight.is_initialized());
         // 12 + 4 + 8 elements, 2 bytes each while not drawn.
-        assert_eq!(census.trained_elements, 24);
-        assert_eq!(census.bytes, 48);
-        assert_eq!(census.largest_trained_bytes, 24);
+        assert_eq!(census.trained, [24, 8, 16]);
+        assert_eq!(census.bytes(), 48);
+        assert_eq!(census.largest_trained_bytes(), 24);
     }
 
     #[test]
@@ -363,50 +572,123 @@ mod tests {
         );
         let _ = model.second.weight.val();
         let census = ParameterCensus::of(&model, DType::BF16);
-        assert_eq!(census.bytes, 24 * 4);
-        assert_eq!(census.trained_elements, 8);
-        assert_eq!(census.trained_bytes, 32);
+        assert_eq!(census.bytes(), 24 * 4);
+        assert_eq!(census.trained, [32]);
+        assert_eq!(census.untrained_bytes, 64);
+    }
+
+    fn census() -> ParameterCensus {
+        ParameterCensus {
+            trained: vec![300, 200, 300],
+            untrained_bytes: 200,
+        }
+    }
+
+    fn plan(timing: UpdateTiming, in_place: bool) -> OptimizerPlan {
+        OptimizerPlan {
+            moments: 2,
+            timing,
+            update_temporaries: 1,
+            in_place,
+        }
     }
 
     #[test]
     fn gradients_are_all_alive_after_backward_and_one_in_it() {
-        let census = ParameterCensus {
-            bytes: 1000,
-            trained_elements: 200,
-            trained_bytes: 800,
-            largest_trained_bytes: 300,
-        };
-        let plan = |timing| OptimizerPlan {
-            moments: 2,
-            timing,
-            update_temporaries: 1,
-        };
-        let after = plan(UpdateTiming::AfterBackward);
-        assert_eq!(after.state(&census).bytes, 1600);
-        assert_eq!(after.gradients(&census).bytes, 800);
-        assert_eq!(after.update_temporaries(&census).bytes, 300);
-        assert_eq!(plan(UpdateTiming::InBackward).gradients(&census).bytes, 300);
+        let census = census();
+        let after = plan(UpdateTiming::AfterBackward, false);
+        assert_eq!(after.state(&census).bytes(), 1600);
+        assert_eq!(after.gradients(&census).bytes(), 800);
+        assert_eq!(after.update_temporaries(&census).bytes(), 300);
+        let during = plan(UpdateTiming::InBackward, false);
+        assert_eq!(during.gradients(&census).bytes(), 300);
     }
 
     #[test]
-    fn the_peak_is_the_largest_phase() {
-        let phase = |name, bytes: &[u64]| Phase {
-            name,
-            terms: bytes
-                .iter()
-                .map(|&b| Term::new(Pool::SavedActivations, "x", b))
-                .collect(),
+    fn only_pools_keep_the_slots_of_parameters_replaced_in_backward() {
+        let census = census();
+        let replaced = |timing, in_place, memory| {
+            plan(timing, in_place)
+                .replaced_parameters(&census, memory)
+                .bytes()
         };
+        assert_eq!(
+            replaced(UpdateTiming::InBackward, false, DeviceMemory::Pools),
+            800
+        );
+        assert_eq!(
+            replaced(UpdateTiming::InBackward, true, DeviceMemory::Pools),
+            0
+        );
+        assert_eq!(
+            replaced(UpdateTiming::AfterBackward, false, DeviceMemory::Pools),
+            0
+        );
+        assert_eq!(
+            replaced(UpdateTiming::InBackward, false, DeviceMemory::Heap),
+            0
+        );
+    }
+
+    fn phase(name: &'static str, terms: Vec<Term>) -> Phase {
+        Phase { name, terms }
+    }
+
+    fn saved(bytes: &[u64]) -> Term {
+        Term::of(
+            Pool::SavedActivations,
+            "x",
+            bytes.iter().map(|&b| Tensors::new(1, b)),
+        )
+    }
+
+    #[test]
+    fn on_a_heap_the_peak_is_the_largest_phase() {
         let budget = Budget {
             phases: vec![
-                phase("a", &[5, 6]),
-                phase("b", &[20]),
-                phase("c", &[1, 2, 3]),
+                phase("a", vec![saved(&[5, 6])]),
+                phase("b", vec![saved(&[20])]),
+                phase("c", vec![saved(&[1, 2, 3])]),
             ],
+            memory: DeviceMemory::Heap,
         };
         assert_eq!(budget.peak_phase().name, "b");
         assert_eq!(budget.peak(), 20);
         assert_eq!(budget.phases[0].pool(Pool::SavedActivations), 11);
         assert_eq!(budget.phases[0].pool(Pool::Gradients), 0);
+    }
+
+    #[test]
+    fn pools_place_tensors_first_fit_on_pages_they_keep() {
+        let parameters = Term::new(Pool::Parameters, "weights", 3 * MIB + 5);
+        // Two 1.5 MiB tensors cannot share a 2 MiB page; a 0.5 MiB one fills the first's gap.
+        let arena = phase(
+            "arena",
+            vec![
+                parameters.clone(),
+                saved(&[3 * MIB / 2, 3 * MIB / 2, MIB / 2]),
+            ],
+        );
+        // 64 KiB tensors go to one small page (8 MiB holds 128 of them).
+        let small = phase(
+            "small",
+            vec![
+                parameters.clone(),
+                Term::of(Pool::Workspace, "w", [Tensors::new(128, 64 << 10)]),
+            ],
+        );
+        // A 5 MiB tensor grows the arena's pages to 6 MiB: the next 1 MiB fills it, the last opens
+        // a second 6 MiB page.
+        let grown = phase("grown", vec![parameters, saved(&[5 * MIB, MIB, MIB])]);
+        let budget = Budget {
+            phases: vec![arena, small, grown],
+            memory: DeviceMemory::Pools,
+        };
+        let held: Vec<u64> = budget.phases.iter().map(|p| budget.held(p)).collect();
+        let fixed = 3 * MIB + 5 + POOLS_STAGING;
+        assert_eq!(held, [fixed + 4 * MIB, fixed + 8 * MIB, fixed + 12 * MIB]);
+        // The small pool's fullest phase and the arena's add up.
+        assert_eq!(budget.peak(), fixed + 8 * MIB + 12 * MIB);
+        assert_eq!(budget.peak_phase().name, "grown");
     }
 }
