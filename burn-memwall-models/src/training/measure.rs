@@ -142,7 +142,21 @@ fn warm_up_runtime(
         .with_in_backward(optimizer.in_backward());
     let loss = model.loss(batch.inputs, batch.targets);
     update(model, &mut optimizer.init(WEIGHT_DECAY), loss, 1e-3);
+    if device.memory_pool_usage().is_none() {
+        warm_every_matmul_thread(device);
+    }
     Ok(())
+}
+
+/// Flex's matmul (gemm) keeps a scratch slab per thread, the size of the CPU's L2 cache,
+/// allocated at the thread's first product. A thread-pool worker that ran no product in the
+/// throwaway step would allocate it inside a measured one (2 MiB on the CI machines, in about
+/// one `tiny` run in four), so every worker runs one now.
+fn warm_every_matmul_thread(device: &Device) {
+    rayon::broadcast(|_| {
+        let square = Tensor::<2>::ones([64, 64], device);
+        square.clone().matmul(square).into_data();
+    });
 }
 
 /// Backward and update (during backward when the model is routed through an [`InBackward`]).
