@@ -33,11 +33,15 @@
 //! ([`DeviceMemory::Pools`]) places them one by one.
 
 use burn::tensor::DType;
+use burn_memwall::codes::counter::words_per_row;
 use burn_memwall::memory::budget::{
     Budget, DeviceMemory, OptimizerPlan, ParameterCensus, Phase, Pool, Tensors, Term, UpdateTiming,
 };
+use burn_memwall::nn::counter_loss_block_rows;
 use burn_memwall::ops::fused_linear_cross_entropy::FusedCrossEntropyOptions;
+use burn_memwall::ops::packed_matmul::block_rows;
 
+use super::config::BlockWeight;
 use super::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, MlpKind};
 
 use crate::Error;
@@ -64,16 +68,89 @@ pub const CHAIN_BYTES_PER_BLOCK: u64 = 3_100;
 /// [`InBackward`]: burn_memwall::optim::InBackward
 pub const ROUTED_USE_BYTES: u64 = 1_360;
 
-/// The budget's formulas know dense linears only: the quantised ones' codes and saved tensors
-/// are not modelled yet, and are refused rather than mispredicted.
-fn require_dense_linears(config: &LmConfig) -> Result<(), Error> {
-    if config.linear == LinearKind::Dense {
-        return Ok(());
+/// Heap bytes a counter-coded matrix holds besides its tensors: its shared state's
+/// `Arc<Mutex>` and the handles on it. Fitted, 1.2–1.7 KB over three models
+/// (docs/memory-model/counter-linears.md).
+pub const CODED_MATRIX_BYTES: u64 = 1_500;
+
+/// How the model's matrices are stored, where they are not dense f32 weights:
+/// - counter codes (`burn_memwall::nn::CounterLinear`) hold 0.75 B per weight and 8 B per row,
+///   take no gradient and no optimizer state, and update themselves in backward
+///   (docs/memory-model/counter-linears.md);
+/// - ternary linears (`burn_memwall::nn::TernaryLinear`) hold and train f32 latent weights as
+///   a dense linear does, keep nothing more between steps, and recompute the ternary weight
+///   in forward and backward.
+#[derive(Clone, Copy)]
+struct Coding {
+    /// The blocks' linears are counter codes.
+    blocks: bool,
+    /// The blocks' linears are ternary.
+    ternary: bool,
+    /// The token table, and the head when it is not tied, are counter codes.
+    table: bool,
+}
+
+impl Coding {
+    fn of(config: &LmConfig) -> Self {
+        let (blocks, ternary, table) = match config.linear {
+            LinearKind::Dense => (false, false, false),
+            LinearKind::Ternary => (false, true, false),
+            LinearKind::Counter => (true, false, false),
+            LinearKind::CounterAll => (true, false, true),
+        };
+        Self {
+            blocks,
+            ternary,
+            table,
+        }
     }
-    Err(Error::InvalidConfig(format!(
-        "the memory budget models dense linears only, not {:?}",
-        config.linear
-    )))
+
+    /// The coding of `config`, whose step's memory the budget models on `memory`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for counter codes and ternary linears on pools, whose kernels'
+    /// buffers are not modelled, and for a coded head read by Burn's loss, which no stack uses.
+    fn modelled(config: &LmConfig, memory: DeviceMemory) -> Result<Self, Error> {
+        let coding = Self::of(config);
+        if (coding.blocks || coding.ternary) && memory != DeviceMemory::Heap {
+            return Err(Error::InvalidConfig(
+                "the memory budget models counter and ternary linears on Flex only, not on \
+                 Cube devices' pools"
+                    .into(),
+            ));
+        }
+        if coding.table && config.loss == LossKind::Burn {
+            return Err(Error::InvalidConfig(
+                "the memory budget models a counter head with the fused loss only".into(),
+            ));
+        }
+        Ok(coding)
+    }
+
+    /// The block weights that train: the norms only when the linears are coded.
+    fn trained_block_weights(self, config: &LmConfig) -> impl Iterator<Item = BlockWeight> {
+        config
+            .block_weights()
+            .into_iter()
+            .filter(move |weight| !self.blocks || matches!(weight, BlockWeight::Norm(_)))
+    }
+
+    /// Coded matrices in the model.
+    fn matrices(self, config: &LmConfig) -> u64 {
+        let per_block = config
+            .block_weights()
+            .iter()
+            .filter(|weight| matches!(weight, BlockWeight::Matrix { .. }))
+            .count() as u64;
+        let table = 1 + u64::from(!config.tie_embeddings);
+        u64::from(self.blocks) * per_block * config.n_layers as u64 + u64::from(self.table) * table
+    }
+}
+
+/// Bytes of a `[d_out, d_in]` counter code: its words, each row's scale and mean squared
+/// gradient (f32), and its step (an int).
+fn coded_bytes(d_out: usize, d_in: usize) -> u64 {
+    (4 * words_per_row(d_in) * d_out + 8 * d_out + 4) as u64
 }
 
 /// The sizes the formulas read, as `u64` element counts, and the bytes of the step's tensors.
@@ -180,8 +257,20 @@ impl LayerSaved {
     }
 }
 
-fn standard_layer(config: &LmConfig, shape: StepShape, memory: DeviceMemory) -> LayerSaved {
+fn standard_layer(
+    config: &LmConfig,
+    coding: Coding,
+    shape: StepShape,
+    memory: DeviceMemory,
+) -> LayerSaved {
     let dims = Dims::new(config, shape);
+    // A counter linear registers 4 ops and a ternary one 3 where a dense one registers 2.
+    let linears = 4 + config.mlp_matrices() as u64;
+    let coded_ops = match (coding.blocks, coding.ternary) {
+        (true, _) => 2 * linears,
+        (false, true) => linears,
+        (false, false) => 0,
+    };
     let bool_bytes = memory.bool_bytes();
     let after_attention = vec![
         dims.td(4),
@@ -205,6 +294,7 @@ fn standard_layer(config: &LmConfig, shape: StepShape, memory: DeviceMemory) -> 
             // Norms 2 × 7, q and k 13 each, v 4, attention 12, output 4, MLP 9, residuals 2;
             // repeating grouped heads 3 each for k and v.
             ops: 71
+                + coded_ops
                 + if config.n_kv_heads < config.n_heads {
                     6
                 } else {
@@ -222,7 +312,7 @@ fn standard_layer(config: &LmConfig, shape: StepShape, memory: DeviceMemory) -> 
             ],
             after_attention,
             formula: "4·(9·T·d + 2·T·d_kv + c·T·d_ff + B·H·S + 4·T) + b·B·S",
-            ops: 60,
+            ops: 60 + coded_ops,
         },
     }
 }
@@ -255,25 +345,26 @@ impl StepShape {
 /// tensors as `memory` does (`b`, a bool's bytes, in the formulas).
 ///
 /// # Errors
-/// [`Error::InvalidConfig`] for the linears whose saved tensors are not modelled yet
-/// (ternary and counter).
+/// [`Error::InvalidConfig`] for the linears whose memory is not modelled yet (ternary; counter
+/// codes on pools).
 pub fn saved_activations(
     config: &LmConfig,
     shape: StepShape,
     routed: bool,
     memory: DeviceMemory,
 ) -> Result<Vec<Term>, Error> {
-    require_dense_linears(config)?;
+    let coding = Coding::modelled(config, memory)?;
     let dims = Dims::new(config, shape);
     let layers = dims.layers;
-    let block_params = config.block_parameter_elements().len() as u64;
+    // The block weights an in-backward hook routes: the coded ones update themselves.
+    let block_params = coding.trained_block_weights(config).count() as u64;
     let mut terms = Vec::new();
     // What the graph's host-side bookkeeping adds, on a device whose memory holds it.
     let mut host = Vec::new();
     let mut ops = 0;
     match config.blocks {
         BlockKind::Standard => {
-            let layer = standard_layer(config, shape, memory);
+            let layer = standard_layer(config, coding, shape, memory);
             terms.push(Term::of(
                 Pool::SavedActivations,
                 format!("{} layers, per layer: {}", config.n_layers, layer.formula),
@@ -305,8 +396,8 @@ pub fn saved_activations(
             ops += 6;
         }
     }
-    match config.loss {
-        LossKind::Burn => {
+    match (config.loss, coding.table) {
+        (LossKind::Burn, _) => {
             let tied_copy = config.tie_embeddings && memory.copies_transposed_operands();
             terms.push(Term::of(
                 Pool::SavedActivations,
@@ -322,7 +413,7 @@ pub fn saved_activations(
             ));
             ops += 22;
         }
-        LossKind::Fused => {
+        (LossKind::Fused, false) => {
             terms.push(Term::of(
                 Pool::SavedActivations,
                 "fused loss: d_hidden and d_weight, computed in forward: 4·(T·d + V·d + 1)",
@@ -330,11 +421,30 @@ pub fn saved_activations(
             ));
             ops += 10;
         }
+        (LossKind::Fused, true) => {
+            // The coded head's gradient is its update, made in backward: the loss keeps the
+            // hidden rows and a log-sum-exp per token; the coded embedding its ids on the host.
+            terms.push(Term::of(
+                Pool::SavedActivations,
+                "counter head's loss: hidden rows, log-sum-exp; coded embedding: the ids \
+                 (i64): 4·(T·d + T) + 8·T",
+                [
+                    dims.td(1),
+                    dims.columns(1),
+                    Tensors::new(1, 8 * dims.tokens),
+                ],
+            ));
+            // The loss's and the coded embedding's together (measured).
+            ops += 10;
+        }
     }
     if routed {
         // One graph hook per parameter read outside the blocks: the embedding, the final norm
-        // and the head.
-        ops += 3;
+        // and the head (the final norm only when the table and head are coded).
+        ops += match coding.table {
+            true => 1,
+            false => 3,
+        };
         match config.blocks {
             // And one per parameter read inside each standard block.
             BlockKind::Standard => ops += block_params * layers,
@@ -360,37 +470,34 @@ pub fn saved_activations(
     Ok(terms)
 }
 
-/// Each weight of one block, in the order its forward reads them.
-fn block_parameters(config: &LmConfig, float: u64) -> impl Iterator<Item = u64> {
-    config
-        .block_parameter_elements()
-        .into_iter()
-        .map(move |elements| float * elements as u64)
-}
-
 /// The parameters `config` builds, counted from its shapes without building it: what
-/// [`ParameterCensus::of`] reads from the model (so a 70B config costs nothing to count), in
-/// the order the forward reads them: the token table, each block's, the final norm, an untied
-/// head.
-///
-/// # Errors
-/// [`Error::InvalidConfig`] for the quantised linears, whose codes are not modelled yet.
-pub fn parameter_census(config: &LmConfig, float: DType) -> Result<ParameterCensus, Error> {
-    require_dense_linears(config)?;
-    let float = float.size() as u64;
-    let table = float * (config.vocab_size * config.d_model) as u64;
-    let mut trained = vec![table];
+/// [`ParameterCensus::of`] reads from the model (so a 70B config costs nothing to count), the
+/// trained ones in the order the forward reads them: the token table, each block's, the final
+/// norm, an untied head. Counter codes are counted as parameters that do not train.
+pub fn parameter_census(config: &LmConfig, float: DType) -> ParameterCensus {
+    let (coding, float) = (Coding::of(config), float.size() as u64);
+    let (vocab, d) = (config.vocab_size, config.d_model);
+    let mut census = ParameterCensus::default();
+    let table = |census: &mut ParameterCensus| match coding.table {
+        true => census.untrained_bytes += coded_bytes(vocab, d),
+        false => census.trained.push(float * (vocab * d) as u64),
+    };
+    table(&mut census);
     for _ in 0..config.n_layers {
-        trained.extend(block_parameters(config, float));
+        for weight in config.block_weights() {
+            match (weight, coding.blocks) {
+                (BlockWeight::Matrix { d_out, d_in }, true) => {
+                    census.untrained_bytes += coded_bytes(d_out, d_in)
+                }
+                _ => census.trained.push(float * weight.elements() as u64),
+            }
+        }
     }
-    trained.push(float * config.d_model as u64);
+    census.trained.push(float * d as u64);
     if !config.tie_embeddings {
-        trained.push(table);
+        table(&mut census);
     }
-    Ok(ParameterCensus {
-        trained,
-        untrained_bytes: 0,
-    })
+    census
 }
 
 /// Elements of one 64×64 tile: flash attention's backward holds a few per query block.
@@ -432,8 +539,9 @@ fn weight_gradient_batches(batch: u64, seq: u64, d_out: u64) -> u64 {
 /// matmul's own packing buffers, the in-backward hand-over maps.
 ///
 /// # Errors
-/// [`Error::InvalidConfig`] for the linears whose saved tensors are not modelled yet
-/// (ternary and counter), and for a sequence longer than the model's context.
+/// [`Error::InvalidConfig`] for the linears whose memory is not modelled yet (ternary; counter
+/// codes on pools), and [`Error::SequenceTooLong`] for a sequence longer than the model's
+/// context.
 pub fn step_budget(
     config: &LmConfig,
     optimizer: &OptimizerPlan,
@@ -446,7 +554,8 @@ pub fn step_budget(
             max_seq_len: config.max_seq_len,
         });
     }
-    let census = parameter_census(config, shape.float)?;
+    let coding = Coding::modelled(config, memory)?;
+    let census = parameter_census(config, shape.float);
     let after = optimizer.timing == UpdateTiming::AfterBackward;
     let saved = saved_activations(config, shape, !after, memory)?;
     let dims = Dims::new(config, shape);
@@ -458,7 +567,6 @@ pub fn step_budget(
         d_ff,
         vocab,
         layers,
-        float,
         ..
     } = dims;
     let copies = memory.output_copies();
@@ -468,8 +576,10 @@ pub fn step_budget(
     };
     let fd = dims.floats(1, d_ff * d).bytes;
     let mlp_matrices = config.mlp_matrices() as u64;
-    let block: Vec<Tensors> = block_parameters(config, float)
-        .map(|bytes| Tensors::new(1, bytes))
+    // The trained weights of one block.
+    let block: Vec<Tensors> = coding
+        .trained_block_weights(config)
+        .map(|weight| dims.floats(1, weight.elements() as u64))
         .collect();
     let tied = config.tie_embeddings;
 
@@ -481,8 +591,17 @@ pub fn step_budget(
     let persistent = [
         Term::of(
             Pool::Parameters,
-            "parameters",
-            census.trained.iter().map(|&bytes| Tensors::new(1, bytes)),
+            "parameters (and counter codes)",
+            census
+                .trained
+                .iter()
+                .map(|&bytes| Tensors::new(1, bytes))
+                .chain([Tensors::new(1, census.untrained_bytes)]),
+        ),
+        Term::new(
+            Pool::Backend,
+            format!("counter codes' shared state: {CODED_MATRIX_BYTES} B per coded matrix"),
+            coding.matrices(config) * CODED_MATRIX_BYTES,
         ),
         optimizer.replaced_parameters(&census, memory),
         Term::of(
@@ -503,16 +622,16 @@ pub fn step_budget(
         terms: persistent.iter().cloned().chain(terms).collect(),
     };
     let workspace = |what: String, tensors: Vec<Tensors>| Term::of(Pool::Workspace, what, tensors);
-    // The gradients of the head, the final norm and the blocks after block `l`.
+    // The gradients of a dense head, the final norm and the blocks after block `l`.
     let gradients_after = |l: u64| {
-        [dims.vd(1), dims.floats(1, d)]
+        [dims.vd(u64::from(!coding.table)), dims.floats(1, d)]
             .into_iter()
             .chain((l + 1..layers).flat_map(|_| block.iter().copied()))
     };
     // The gradients alive when backward reaches block `l`: the head's and final norm's, and
     // every later block's (after backward); in backward only the tied table's head share,
     // which waits for the embedding's.
-    let gradients_at = |l: u64| match (after, tied) {
+    let gradients_at = |l: u64| match (after, tied && !coding.table) {
         (true, _) => Term::of(
             Pool::Gradients,
             format!("head, final norm and {} later block(s)", layers - 1 - l),
@@ -532,20 +651,68 @@ pub fn step_budget(
             .max_by_key(|phase| memory.held(phase))
             .expect("a model has at least one block")
     };
-    // The down projection's weight gradient, made per batch, or the MLP-input gradient's
-    // second copy where that is larger.
-    let down_gradient = {
-        let per_batch = Tensors::new(copies * weight_gradient_batches(batch, seq, d), fd);
-        let second = dims.tf(copies - 1);
-        match second.count * second.bytes >= per_batch.count * per_batch.bytes {
-            true => second,
-            false => per_batch,
+    // The larger of two sets of tensors.
+    let larger = |a: Vec<Tensors>, b: Vec<Tensors>| {
+        let bytes = |set: &[Tensors]| set.iter().map(|t| t.count * t.bytes).sum::<u64>();
+        match bytes(&a) >= bytes(&b) {
+            true => a,
+            false => b,
+        }
+    };
+    // The down projection's backward: the MLP-input gradient and the weight's share.
+    let down_backward = match (coding.blocks, coding.ternary) {
+        // Dense: the input gradient, and the weight gradient made per batch or the input
+        // gradient's second copy, whichever is larger.
+        (false, false) => {
+            let per_batch = Tensors::new(copies * weight_gradient_batches(batch, seq, d), fd);
+            let second = dims.tf(copies - 1);
+            [dims.tf(1)]
+                .into_iter()
+                .chain(larger(vec![second], vec![per_batch]))
+                .collect()
+        }
+        // Ternary: the ternary weight recomputed beside the input gradient as it is made, or
+        // the input gradient beside the weight gradient (one 2-D matmul) as it is made.
+        (false, true) => larger(
+            vec![Tensors::new(1, fd), dims.tf(copies)],
+            vec![dims.tf(1), Tensors::new(copies, fd)],
+        ),
+        // Coded: the input gradient summed over the code's row blocks, each decoded into a
+        // buffer (a running sum and a new part once there is more than one block), or the
+        // finished input gradient beside one block's weight gradient, which the update uses
+        // and frees.
+        (true, _) => {
+            let rows = block_rows(config.d_ff).min(config.d_model);
+            let block = dims.floats(1, rows as u64 * d_ff).bytes;
+            let parts = copies + u64::from(config.d_model > rows);
+            larger(
+                vec![dims.tf(parts), Tensors::new(1, block)],
+                vec![dims.tf(1), Tensors::new(copies, block)],
+            )
         }
     };
 
     let mut phases = Vec::new();
-    match config.loss {
-        LossKind::Fused => {
+    match (config.loss, coding.table) {
+        (LossKind::Fused, true) => {
+            // The coded head's loss walks the vocabulary a block of rows at a time in backward.
+            let rows = counter_loss_block_rows(config.vocab_size, tokens as usize, config.d_model);
+            let mut terms = saved.clone();
+            terms.push(workspace(
+                format!(
+                    "hidden-state gradient and its new part; a {rows}-row block of the head \
+                     decoded, its codes copied, its logits"
+                ),
+                vec![
+                    dims.td(1 + copies),
+                    dims.floats(1, rows as u64 * d),
+                    Tensors::new(1, coded_bytes(rows, config.d_model)),
+                    dims.floats(1, tokens * rows as u64),
+                ],
+            ));
+            phases.push(phase("counter loss, backward", terms));
+        }
+        (LossKind::Fused, false) => {
             let chunk = (FusedCrossEntropyOptions::default().chunk_tokens(vocab as usize) as u64)
                 .min(tokens);
             let logits = dims.floats(1, chunk * vocab);
@@ -572,7 +739,7 @@ pub fn step_budget(
             ));
             phases.push(phase("fused loss, forward", terms));
         }
-        LossKind::Burn => {
+        (LossKind::Burn, _) => {
             let mut terms = saved.clone();
             terms.push(workspace(
                 "two [T, vocab] buffers (gather's zeros, the log-softmax gradient)".into(),
@@ -594,7 +761,7 @@ pub fn step_budget(
     }
     match config.blocks {
         BlockKind::Standard => {
-            let layer = standard_layer(config, shape, memory);
+            let layer = standard_layer(config, coding, shape, memory);
             // What blocks 0..l hold whole, and block l holds in `last`, with their graph.
             let saved_to = |l: u64, last: &[Tensors], what: String| {
                 vec![
@@ -618,10 +785,13 @@ pub fn step_budget(
                 terms.push(gradients_at(l));
                 terms.push(workspace(
                     format!(
-                        "block {l}: output gradient, MLP-input gradient, down-projection weight \
-                         gradient made per batch"
+                        "block {l}: output gradient, and the down projection's backward (the \
+                         MLP-input gradient, the weight's share)"
                     ),
-                    vec![dims.td(1), dims.tf(1), down_gradient],
+                    [dims.td(1)]
+                        .into_iter()
+                        .chain(down_backward.iter().copied())
+                        .collect(),
                 ));
                 phase("MLP backward", terms)
             }));
@@ -633,7 +803,7 @@ pub fn step_budget(
                     format!("blocks 0..{l}, and block {l}'s attention part"),
                 );
                 terms.push(gradients_at(l));
-                if after {
+                if after && !coding.blocks {
                     terms.push(Term::of(
                         Pool::Gradients,
                         format!("block {l}'s MLP and output projection"),
@@ -669,21 +839,20 @@ pub fn step_budget(
                 terms.push(workspace(
                     format!(
                         "block {b}: the walk's y, dy; the MLP rebuilt (norm, output and its \
-                         gradient, c + 1 [T, d_ff]); the down-projection weight gradient"
+                         gradient, c [T, d_ff]); the down projection's backward"
                     ),
-                    vec![
-                        dims.td(8),
-                        dims.tf(mlp_saved_tensors(config) + 1),
-                        down_gradient,
-                        dims.columns(2),
-                    ],
+                    [dims.td(8), dims.tf(mlp_saved_tensors(config))]
+                        .into_iter()
+                        .chain(down_backward.iter().copied())
+                        .chain([dims.columns(2)])
+                        .collect(),
                 ));
                 phase("MLP recompute", terms)
             }));
             phases.push(worst_block(&|b| {
                 let mut terms = chain.clone();
                 terms.push(gradients_at(b));
-                if after {
+                if after && !coding.blocks {
                     terms.push(Term::of(
                         Pool::Gradients,
                         format!("block {b}'s MLP"),
@@ -701,34 +870,47 @@ pub fn step_budget(
                         vec![dims.td(13), dims.td_kv(5), dims.floats(4, SCORE_TILE)]
                     }
                 };
+                // A coded output projection updates itself a block of rows at a time.
+                let output_projection = dims.floats(u64::from(!coding.blocks), d * d);
                 terms.push(workspace(
                     format!(
                         "block {b}: the walk's state, the attention rebuilt and its backward, \
-                         the output projection's gradient"
+                         a dense output projection's gradient"
                     ),
-                    attention
-                        .into_iter()
-                        .chain([dims.floats(1, d * d)])
-                        .collect(),
+                    attention.into_iter().chain([output_projection]).collect(),
                 ));
                 phase("attention recompute", terms)
             }));
         }
     }
-    // The head's share holds a tied table's gradient, which the embedding's adds to.
-    let kept: Vec<Tensors> = match (after, tied) {
+    // The head's share holds a dense tied table's gradient, which the embedding's adds to.
+    let kept: Vec<Tensors> = match (after, tied && !coding.table) {
         (true, _) => gradients_after(0).chain(block.iter().copied()).collect(),
         (false, true) => vec![dims.vd(1)],
         (false, false) => Vec::new(),
+    };
+    let embedding = match coding.table {
+        false => workspace(
+            "the embedding's output gradient and its zeroed [vocab, d] gradient".into(),
+            vec![dims.td(1), dims.vd(copies)],
+        ),
+        // A coded table updates itself a zeroed block of rows at a time.
+        true => workspace(
+            "the embedding's output gradient and its sum, a zeroed block of rows".into(),
+            vec![
+                dims.td(2),
+                dims.floats(
+                    copies,
+                    (block_rows(config.d_model).min(config.vocab_size) * config.d_model) as u64,
+                ),
+            ],
+        ),
     };
     phases.push(phase(
         "embedding backward",
         vec![
             Term::of(Pool::Gradients, "every gradient kept so far", kept),
-            workspace(
-                "the embedding's output gradient and its zeroed [vocab, d] gradient".into(),
-                vec![dims.td(1), dims.vd(copies)],
-            ),
+            embedding,
         ],
     ));
     if after {

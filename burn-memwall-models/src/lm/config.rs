@@ -189,7 +189,7 @@ impl LmConfig {
     /// Exact number of weights of the model this config builds (trainable scalars; for counter
     /// codes, the weights they hold). Standard and reversible blocks have the same.
     pub fn param_count(&self) -> usize {
-        let block: usize = self.block_parameter_elements().iter().sum();
+        let block: usize = self.block_weights().iter().map(BlockWeight::elements).sum();
         let head = match self.tie_embeddings {
             true => 0,
             false => self.vocab_size * self.d_model,
@@ -197,16 +197,32 @@ impl LmConfig {
         self.vocab_size * self.d_model + self.n_layers * block + self.d_model + head
     }
 
-    /// Elements of each weight of one block, in the order its forward reads them: the
-    /// attention's norm, query, key, value and output projections, the MLP's norm and
-    /// matrices.
-    pub fn block_parameter_elements(&self) -> Vec<usize> {
+    /// The weights of one block, in the order its forward reads them: the attention's norm,
+    /// query, key, value and output projections, the MLP's norm and matrices.
+    pub(crate) fn block_weights(&self) -> Vec<BlockWeight> {
         let d = self.d_model;
         let kv = self.n_kv_heads * self.d_head();
-        [d, d * d, d * kv, d * kv, d * d, d]
-            .into_iter()
-            .chain(std::iter::repeat_n(d * self.d_ff, self.mlp_matrices()))
-            .collect()
+        let norm = BlockWeight::Norm(d);
+        let matrix = |d_out, d_in| BlockWeight::Matrix { d_out, d_in };
+        let mlp = match self.mlp {
+            MlpKind::SwiGlu => vec![
+                matrix(self.d_ff, d),
+                matrix(self.d_ff, d),
+                matrix(d, self.d_ff),
+            ],
+            MlpKind::ReluSquared => vec![matrix(self.d_ff, d), matrix(d, self.d_ff)],
+        };
+        [
+            norm,
+            matrix(d, d),
+            matrix(kv, d),
+            matrix(kv, d),
+            matrix(d, d),
+            norm,
+        ]
+        .into_iter()
+        .chain(mlp)
+        .collect()
     }
 
     /// Weight matrices of one MLP: SwiGLU's gate, up and down, ReLU²'s up and down.
@@ -214,6 +230,24 @@ impl LmConfig {
         match self.mlp {
             MlpKind::SwiGlu => 3,
             MlpKind::ReluSquared => 2,
+        }
+    }
+}
+
+/// One weight of a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BlockWeight {
+    /// An RMSNorm's `[d]` scale.
+    Norm(usize),
+    /// A linear's `[d_out, d_in]` matrix.
+    Matrix { d_out: usize, d_in: usize },
+}
+
+impl BlockWeight {
+    pub(crate) fn elements(&self) -> usize {
+        match *self {
+            Self::Norm(d) => d,
+            Self::Matrix { d_out, d_in } => d_out * d_in,
         }
     }
 }

@@ -224,9 +224,11 @@ impl fmt::Display for Budget {
 /// What a module's parameters hold, read without initialising them.
 ///
 /// Shapes come from `Param::lazy_shape`, so a model whose parameters are not drawn yet (Burn
-/// draws them at their first read) costs nothing to count. A float parameter counts as trained
-/// unless it is initialised on an autodiff device without requiring a gradient (frozen with
-/// `no_grad`); one not yet initialised reads as trained.
+/// draws them at their first read) costs nothing to count. On a model built on an autodiff
+/// device, a float parameter trains unless it is initialised without requiring a gradient
+/// (frozen with `no_grad`, or state kept off the graph, such as a counter code's scales); one
+/// not yet initialised trains. On a model without autodiff every float parameter counts as
+/// trained.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ParameterCensus {
     /// Bytes of each float parameter that trains, in the module's order.
@@ -240,9 +242,20 @@ impl ParameterCensus {
     /// Counts `module`'s parameters; those not initialised yet are taken to be `float` (the
     /// device's float type) or 4-byte ints.
     pub fn of<M: Module>(module: &M, float: DType) -> Self {
+        /// Whether any float parameter is, or will be drawn, on an autodiff device.
+        struct Autodiff(bool);
+        impl ModuleVisitor for Autodiff {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                self.0 |= match param.is_initialized() {
+                    true => param.val().is_autodiff(),
+                    false => param.lazy_device().is_autodiff(),
+                };
+            }
+        }
         struct Census {
             census: ParameterCensus,
             float: DType,
+            autodiff: bool,
         }
         /// The bytes of `param`: at its own dtype's size once initialised, else `uninitialised`'s.
         fn bytes<T: burn::module::Parameter>(
@@ -260,10 +273,8 @@ impl ParameterCensus {
         impl ModuleVisitor for Census {
             fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
                 let bytes = bytes(param, param.lazy_shape(), Tensor::dtype, self.float);
-                let frozen = param.is_initialized() && {
-                    let value = param.val();
-                    value.is_autodiff() && !value.is_require_grad()
-                };
+                let frozen =
+                    self.autodiff && param.is_initialized() && !param.val().is_require_grad();
                 match frozen {
                     true => self.census.untrained_bytes += bytes,
                     false => self.census.trained.push(bytes),
@@ -278,9 +289,12 @@ impl ParameterCensus {
                     bytes(param, param.lazy_shape(), Tensor::dtype, DType::U8);
             }
         }
+        let mut autodiff = Autodiff(false);
+        module.visit(&mut autodiff);
         let mut census = Census {
             census: Self::default(),
             float,
+            autodiff: autodiff.0,
         };
         module.visit(&mut census);
         census.census

@@ -108,9 +108,15 @@ pub(super) fn counter_cross_entropy(
     Ok(attach_backward(hidden, Tensor::from_inner(loss), context))
 }
 
+/// Vocabulary rows of one block of a counter head's loss, for `tokens` tokens of width `d`:
+/// its logits `[tokens, block]` and weight gradient `[block, d]` stay within 1 MiB of f32.
+pub fn counter_loss_block_rows(vocab: usize, tokens: usize, d: usize) -> usize {
+    (BLOCK_ELEMENTS / tokens.max(d)).clamp(1, vocab)
+}
+
 /// The blocks of vocabulary rows for `tokens` tokens of width `d`.
 fn blocks(vocab: usize, tokens: usize, d: usize) -> impl Iterator<Item = (usize, usize)> {
-    let block = (BLOCK_ELEMENTS / tokens.max(d)).clamp(1, vocab);
+    let block = counter_loss_block_rows(vocab, tokens, d);
     (0..vocab)
         .step_by(block)
         .map(move |start| (start, block.min(vocab - start)))

@@ -30,6 +30,7 @@ pub use crate::ops::counter_linear::host_weights::HostWeights;
 pub use crate::ops::fused_linear_cross_entropy::choices::{GradientPass, Reduction};
 pub use crate::ops::packed_matmul::packed_ternary::PackedTernary;
 pub use crate::ops::packed_matmul::packed_weight::PackedWeight;
+pub use counter_cross_entropy::counter_loss_block_rows;
 pub use counter_embedding::CounterEmbedding;
 pub use counter_linear::{CounterLinear, CounterLinearConfig, CounterWeights};
 pub use flash_mha::{FlashMhaError, FlashMhaInput, FlashMultiHeadAttention};

@@ -81,10 +81,15 @@ pub trait PackedMatmulBackend: Backend {
     ) -> FloatTensor<Self>;
 }
 
-/// The row blocks of a `[d_output, d_input]` weight, at most [`BLOCK_WEIGHTS`] weights each
-/// (one row at least).
+/// Rows of a weight with `d_input` columns that one block holds: at most [`BLOCK_WEIGHTS`]
+/// weights, one row at least.
+pub fn block_rows(d_input: usize) -> usize {
+    (BLOCK_WEIGHTS / d_input.max(1)).max(1)
+}
+
+/// The row blocks of a `[d_output, d_input]` weight, [`block_rows`] each.
 pub(crate) fn row_blocks(d_input: usize, d_output: usize) -> impl Iterator<Item = Range<usize>> {
-    let per_block = (BLOCK_WEIGHTS / d_input.max(1)).max(1);
+    let per_block = block_rows(d_input);
     (0..d_output.div_ceil(per_block))
         .map(move |b| b * per_block..((b + 1) * per_block).min(d_output))
 }
