@@ -84,15 +84,19 @@ fn reference(case: &Case, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4>
         (&device, DType::F64),
     )
     .expand([case.batch, case.heads, case.s_q, case.s_k]);
-    // Softmax over visible keys only; a row with none outputs zeros.
+    // Softmax over visible keys only; a row with none outputs zeros (quiet softmax included).
     let hidden = visible.equal_elem(0.0);
     let shift = scores
         .clone()
         .mask_fill(hidden.clone(), -1e300)
         .max_dim(3)
         .detach();
-    let weights = (scores.mask_fill(hidden, f64::NEG_INFINITY) - shift).exp();
-    let total = weights.clone().sum_dim(3);
+    let weights = (scores.mask_fill(hidden, f64::NEG_INFINITY) - shift.clone()).exp();
+    let mut total = weights.clone().sum_dim(3);
+    if case.options.quiet_softmax {
+        // One more key of score 0 (weight exp(0 − shift)) and value 0.
+        total = total + shift.neg().exp();
+    }
     let safe_total = total.clone().mask_fill(total.equal_elem(0.0), 1.0);
     (weights / safe_total).matmul(v)
 }
@@ -195,7 +199,19 @@ fn matches_the_reference_on_odd_shapes_with_every_option() {
     everything.options.scale = Some(0.3);
     everything.options.window = Some(40);
     everything.padded_keys = Some(vec![10, 0]);
-    cases.push(everything);
+    cases.push(everything.clone());
+    // Quiet softmax: with every option, with rows that see no key (causal, s_q > s_k) and with
+    // an element whose keys are all padding.
+    let mut quiet = everything;
+    quiet.options.quiet_softmax = true;
+    cases.push(quiet);
+    let mut quiet = Case::new(1, 4, 2, 70, 33, 32).causal();
+    quiet.options.quiet_softmax = true;
+    cases.push(quiet);
+    let mut quiet = Case::new(2, 2, 1, 40, 67, 32);
+    quiet.options.quiet_softmax = true;
+    quiet.padded_keys = Some(vec![5, 67]);
+    cases.push(quiet);
 
     for device in common::devices() {
         for case in &cases {

@@ -67,6 +67,10 @@ pub struct AttentionArgs {
     /// Whether the scores are soft-capped.
     #[cube(comptime)]
     pub softcapped: bool,
+    /// Quiet softmax: `exp(s_j) / (1 + Σ exp(s_k))`, as if every row also saw a key of score 0
+    /// and value 0.
+    #[cube(comptime)]
+    pub quiet: bool,
 }
 
 /// The score of a dot product `q · k`: scaled, then soft-capped when asked.
@@ -308,6 +312,11 @@ pub fn flash_attention_forward_kernel<F: Float>(
     let mut acc = filled(0.0f32, rows * d_v);
     let mut max = filled(f32::new(NO_SCORE), rows);
     let mut sum = filled(0.0f32, rows);
+    if args.quiet.comptime() {
+        // The zero-score key of value 0, seen first.
+        max = filled(0.0f32, rows);
+        sum = filled(1.0f32, rows);
+    }
     let mut p = Array::<f32>::new(rows);
     for j in first_key(tile.first, args)..end_key(tile.last, s_k, args) {
         let key_shown = hidden[batch * s_k + j] == 0.0f32;

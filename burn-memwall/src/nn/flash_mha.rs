@@ -20,9 +20,6 @@ pub enum FlashMhaError {
         /// The layer's dropout probability.
         prob: f64,
     },
-    /// Quiet softmax (`exp(s) / (1 + Σ exp)`) is not implemented by the flash kernels.
-    #[error("flash multi-head attention does not implement quiet softmax")]
-    QuietSoftmax,
 }
 
 /// Drop-in for [`MultiHeadAttention`]: the same config ([`MultiHeadAttentionConfig`]), the same
@@ -51,6 +48,8 @@ pub struct FlashMultiHeadAttention {
     pub d_model: usize,
     /// Number of heads.
     pub n_heads: usize,
+    /// Burn's quiet softmax (`exp(s_j) / (1 + Σ exp(s_k))`), as the config's `quiet_softmax`.
+    pub quiet_softmax: bool,
 }
 
 /// The inputs of [`FlashMultiHeadAttention::forward`], built like Burn's `MhaInput`.
@@ -129,12 +128,16 @@ impl FlashMultiHeadAttention {
                 .reshape([batch, seq, self.n_heads, self.d_model / self.n_heads])
                 .swap_dims(1, 2)
         };
+        let options = FlashAttentionOptions {
+            quiet_softmax: self.quiet_softmax,
+            ..input.options
+        };
         let context = flash_attention(
             heads(input.query, &self.query),
             heads(input.key, &self.key),
             heads(input.value, &self.value),
             input.mask_pad,
-            input.options,
+            options,
         );
         self.output
             .forward(context.swap_dims(1, 2).reshape([batch, s_1, self.d_model]))
@@ -152,9 +155,6 @@ impl TryFrom<MultiHeadAttention> for FlashMultiHeadAttention {
                 prob: mha.dropout.prob,
             });
         }
-        if mha.quiet_softmax {
-            return Err(FlashMhaError::QuietSoftmax);
-        }
         Ok(Self {
             query: mha.query,
             key: mha.key,
@@ -162,6 +162,7 @@ impl TryFrom<MultiHeadAttention> for FlashMultiHeadAttention {
             output: mha.output,
             d_model: mha.d_model,
             n_heads: mha.n_heads,
+            quiet_softmax: mha.quiet_softmax,
         })
     }
 }

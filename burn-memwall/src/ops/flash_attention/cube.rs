@@ -33,6 +33,7 @@ struct Launch {
     key_rows: usize,
     causal: bool,
     softcapped: bool,
+    quiet: bool,
 }
 
 impl Launch {
@@ -67,6 +68,7 @@ impl Launch {
             key_rows: rows_per_unit(d.max(v[3]), 128),
             causal: options.causal || options.window.is_some(),
             softcapped: options.softcap.is_some(),
+            quiet: options.quiet_softmax,
         }
     }
 
@@ -82,6 +84,7 @@ impl Launch {
             rows,
             self.causal,
             self.softcapped,
+            self.quiet,
         )
     }
 }

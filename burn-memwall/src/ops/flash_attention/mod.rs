@@ -35,6 +35,10 @@ pub struct FlashAttentionOptions {
     pub window: Option<usize>,
     /// Logit soft-capping `c · tanh(s / c)`, applied after scaling.
     pub softcap: Option<f64>,
+    /// Burn's quiet softmax (`burn::tensor::activation::quiet_softmax`):
+    /// `exp(s_j) / (1 + Σ_k exp(s_k))`, which lets a row attend to nothing. A row that sees no
+    /// key outputs zeros either way.
+    pub quiet_softmax: bool,
 }
 
 /// The largest head dimension (of q and k, or of v) the kernels hold in registers.

@@ -267,7 +267,9 @@ impl Plan {
 }
 
 /// Output `[batch, heads, s_q, d_v]` and log-sum-exp `[batch, heads, s_q, 1]` of each query row
-/// (`+∞` for a row that sees no key; its output is zero).
+/// (`+∞` for a row that sees no key, 0 with quiet softmax; its output is zero). Quiet softmax
+/// counts a key of score 0 and value 0 in every row, so the backward needs nothing more: that
+/// key adds nothing to the output, and its share of `rowsum(dO ∘ O)` is zero.
 pub(super) fn forward(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -291,8 +293,13 @@ pub(super) fn forward(
     for queries in tiles(s_q) {
         let rows = queries.len();
         let q_tile = plan.rows(&q, &queries);
-        let mut max = Tensor::<4>::full([batch, heads, rows, 1], f32::NEG_INFINITY, like);
-        let mut sum = Tensor::<4>::zeros([batch, heads, rows, 1], like);
+        // Quiet softmax starts every row with a key of score 0 and value 0.
+        let (first_max, first_sum) = match options.quiet_softmax {
+            true => (0.0, 1.0),
+            false => (f32::NEG_INFINITY, 0.0),
+        };
+        let mut max = Tensor::<4>::full([batch, heads, rows, 1], first_max, like);
+        let mut sum = Tensor::<4>::full([batch, heads, rows, 1], first_sum, like);
         let mut acc = Tensor::<4>::zeros([batch, heads, rows, d_v], like);
         for keys in tiles(s_k).filter(|keys| plan.visibility.any(&queries, keys)) {
             let scores = plan
