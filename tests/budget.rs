@@ -233,16 +233,18 @@ fn a_sequence_over_the_context_is_refused() {
     assert!(error.contains(&format!("sequence length {seq}")), "{error}");
 }
 
-/// The stacks and sequence lengths the pools test measures on wgpu, one process each (a pool's
-/// high-water mark cannot be reset): one of each peak phase's kind that wins on `tiny`, and the
-/// in-backward Burn optimizer whose rewritten parameters leave their slots reserved.
-const POOL_CASES: [(&str, usize); 6] = [
-    ("baseline", 64),
-    ("in-backward-sgd", 64),
-    ("memwall", 64),
-    ("baseline", 256),
-    ("flash+fused", 256),
-    ("reversible", 256),
+/// The models, stacks and sequence lengths the pools test measures on wgpu, one process each (a
+/// pool's high-water mark cannot be reset): one of each peak phase's kind that wins on `tiny`,
+/// the in-backward Burn optimizer whose rewritten parameters leave their slots reserved, and a
+/// `small` row, whose `[vocab, d]` tensors grow the arena's pages.
+const POOL_CASES: [(&str, &str, usize); 7] = [
+    ("tiny", "baseline", 64),
+    ("tiny", "in-backward-sgd", 64),
+    ("tiny", "memwall", 64),
+    ("tiny", "baseline", 256),
+    ("tiny", "flash+fused", 256),
+    ("tiny", "reversible", 256),
+    ("small", "in-backward-sgd", 64),
 ];
 
 /// On wgpu (lavapipe in CI), CubeCL's pools reserve what the budget predicts for them: the
@@ -252,10 +254,11 @@ const POOL_CASES: [(&str, usize); 6] = [
 #[cfg(feature = "wgpu")]
 #[test]
 fn the_step_peak_is_predicted_on_cube_pools() {
-    // Only the children open the adapter: its runtime's threads would move this process's heap
-    // readings, which the Flex tests take.
+    // Only the children open the adapter, whose runtime's threads would move this process's heap
+    // readings; and reading the children's output allocates here too, so the Flex tests wait.
+    let _turn = common::take_turn();
     let mut failures = Vec::new();
-    for (stack, seq) in POOL_CASES {
+    for (model, stack, seq) in POOL_CASES {
         let output = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "measure_one_pools_step",
@@ -263,7 +266,7 @@ fn the_step_peak_is_predicted_on_cube_pools() {
                 "--ignored",
                 "--nocapture",
             ])
-            .env(POOL_CASE_VARIABLE, format!("{stack}@{seq}"))
+            .env(POOL_CASE_VARIABLE, format!("{model}@{stack}@{seq}"))
             .output()
             .expect("the test binary runs again");
         let stdout = String::from_utf8_lossy(&output.stdout);
@@ -289,7 +292,7 @@ fn the_step_peak_is_predicted_on_cube_pools() {
             )
         };
         let measured: u64 = measured.parse().unwrap();
-        let mut config = LmConfig::preset("tiny").unwrap();
+        let mut config = LmConfig::preset(model).unwrap();
         let optimizer = find_stack(stack).unwrap().switches.apply(&mut config);
         let budget = step_budget(
             &config,
@@ -300,7 +303,7 @@ fn the_step_peak_is_predicted_on_cube_pools() {
         .unwrap();
         let ratio = budget.peak() as f64 / measured as f64;
         let row = format!(
-            "tiny seq {seq} {stack}: predicted {} at {}, measured {measured} (×{ratio:.4})",
+            "{model} seq {seq} {stack}: predicted {} at {}, measured {measured} (×{ratio:.4})",
             budget.peak(),
             budget.peak_phase().name
         );
@@ -328,9 +331,9 @@ const NO_ADAPTER_PREFIX: &str = "no wgpu adapter: ";
 #[ignore = "a child process of the_step_peak_is_predicted_on_cube_pools"]
 fn measure_one_pools_step() {
     let case = std::env::var(POOL_CASE_VARIABLE).expect("run by the pools test");
-    let (stack, seq) = case.split_once('@').unwrap();
+    let [model, stack, seq]: [&str; 3] = case.split('@').collect::<Vec<_>>().try_into().unwrap();
     let seq: usize = seq.parse().unwrap();
-    let mut config = LmConfig::preset("tiny").unwrap();
+    let mut config = LmConfig::preset(model).unwrap();
     let optimizer = find_stack(stack).unwrap().switches.apply(&mut config);
     let device = match burn_memwall::DeviceChoice::Wgpu.device() {
         Ok(device) => device,

@@ -648,7 +648,7 @@ pub fn step_budget(
     let worst_block = |phase_at: &dyn Fn(u64) -> Phase| {
         (0..layers)
             .map(phase_at)
-            .max_by_key(|phase| memory.held(phase))
+            .max_by_key(Phase::bytes)
             .expect("a model has at least one block")
     };
     // The larger of two sets of tensors.
@@ -746,15 +746,23 @@ pub fn step_budget(
                 vec![dims.floats(2, tokens * vocab)],
             ));
             phases.push(phase("loss backward", terms));
-            let weight_gradients = match tied {
-                // A batched matmul by the table, whose transposed copy (Flex) is freed first.
-                true => copies * batch - u64::from(memory.copies_transposed_operands()),
-                false => copies * weight_gradient_batches(batch, seq, vocab),
+            let vd = dims.vd(1).bytes;
+            // A matmul by the table broadcast over the batch: its gradient is one
+            // [B, d, vocab] tensor, summed after.
+            let weight_gradient = match (tied, memory) {
+                // Held twice at its creation, less the table's transposed copy, freed first.
+                (true, DeviceMemory::Heap) => vec![
+                    Tensors::new(1, batch * vd),
+                    Tensors::new(1, (batch - 1) * vd),
+                ],
+                // Beside its sum (lavapipe: a 12 MiB reservation at each backward on `small`).
+                (true, DeviceMemory::Pools) => vec![Tensors::new(1, batch * vd), dims.vd(1)],
+                (false, _) => vec![dims.vd(copies * weight_gradient_batches(batch, seq, vocab))],
             };
             let mut terms = saved.clone();
             terms.push(workspace(
                 "hidden-state gradient, the head's weight gradient made per batch".into(),
-                vec![dims.td(1), dims.vd(weight_gradients)],
+                [dims.td(1)].into_iter().chain(weight_gradient).collect(),
             ));
             phases.push(phase("head backward", terms));
         }
