@@ -144,6 +144,7 @@ fn the_saved_activations_are_predicted_for_every_stack() {
 /// where a code's scales read as not trained).
 #[test]
 fn the_parameters_are_counted_from_the_config_as_from_the_model() {
+    let _turn = common::take_turn(); // its allocations would count in the heap readings
     let device = Device::flex().autodiff();
     for name in PRESETS {
         for tied in [true, false] {
@@ -176,6 +177,7 @@ fn the_parameters_are_counted_from_the_config_as_from_the_model() {
 
 #[test]
 fn what_is_not_modelled_is_refused_rather_than_mispredicted() {
+    let _turn = common::take_turn(); // its allocations would count in the heap readings
     let shape = StepShape::f32(1, 8);
     for linear in [LinearKind::Ternary, LinearKind::Counter] {
         let config = LmConfig::preset("tiny").unwrap().with_linear(linear);
@@ -195,6 +197,7 @@ fn what_is_not_modelled_is_refused_rather_than_mispredicted() {
 /// that would work.
 #[test]
 fn the_planner_picks_the_cheapest_stack_that_fits() {
+    let _turn = common::take_turn(); // its allocations would count in the heap readings
     let config = LmConfig::preset("small").unwrap();
     let plan = Plan::new(&config, StepShape::f32(2, 256), DeviceMemory::Heap).unwrap();
     let everything = plan.fitting(u64::MAX).unwrap();
@@ -225,6 +228,7 @@ fn the_planner_picks_the_cheapest_stack_that_fits() {
 
 #[test]
 fn a_sequence_over_the_context_is_refused() {
+    let _turn = common::take_turn(); // its allocations would count in the heap readings
     let config = LmConfig::preset("tiny").unwrap();
     let seq = config.max_seq_len + 1;
     let error = Plan::new(&config, StepShape::f32(1, seq), DeviceMemory::Heap)
