@@ -110,9 +110,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     if let Memory::Cube = args.memory {
         println!(
-            "CubeCL's pools, checked on lavapipe (no GPU): within 7% on tiny; on small within \
-             5%, except Burn's AdamW after backward, whose parameters leave their slots over the \
-             first steps (12% under at 3 steps): a lower bound there"
+            "CubeCL's pools after the first steps, checked on lavapipe (no GPU): within 3% on \
+             tiny at seq 64; on small within 5% for the in-place and in-backward-sgd stacks, \
+             a lower bound (up to 16% under) where Burn's optimizers rewrite the parameters or \
+             blocks are reversible"
         );
     }
     if let Some(name) = &args.stack {

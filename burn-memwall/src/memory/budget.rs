@@ -454,9 +454,10 @@ impl DeviceMemory {
         }
     }
 
-    /// Whether a parameter that an update writes to a new buffer during backward leaves its
-    /// old place reserved: on pools its persistent slot stays reserved and empty (measured:
-    /// Burn's optimizers routed through `InBackward`; cube-pools.md).
+    /// Whether a parameter that an update writes to a new buffer leaves its old place
+    /// reserved: on pools its persistent slot stays reserved and empty, and only a parameter
+    /// made while the init window is open can take it again (measured: Burn's optimizers, in
+    /// and after backward; cube-pools.md).
     pub fn keeps_replaced_parameter_slots(self) -> bool {
         self == Self::Pools
     }
@@ -536,17 +537,18 @@ impl OptimizerPlan {
         )
     }
 
-    /// On `memory`, the trained parameters an update during backward wrote to new buffers
-    /// while their old places stay reserved (nothing where the update is in place, after
-    /// backward, or on a heap, which frees the old buffer).
+    /// On `memory`, the trained parameters an update wrote to new buffers while their old
+    /// places stay reserved, once training has run long enough for every one to move (nothing
+    /// where the update is in place, or on a heap, which frees the old buffer). In backward
+    /// every update moves its parameter at once; after backward Burn's fused element-wise
+    /// update writes the new parameter into one of its inputs' buffers, at first mostly the
+    /// parameter's own, so the parameters leave their slots over the first steps (`tiny` and
+    /// `small` on lavapipe: all of them by step 10; cube-pools.md).
     pub fn replaced_parameters(&self, census: &ParameterCensus, memory: DeviceMemory) -> Term {
-        let replaced = !self.in_place
-            && self.timing == UpdateTiming::InBackward
-            && memory.keeps_replaced_parameter_slots();
+        let replaced = !self.in_place && memory.keeps_replaced_parameter_slots();
         Term::of(
             Pool::Backend,
-            "the trained parameters rewritten to new pages in backward; their slots stay \
-             reserved",
+            "the trained parameters rewritten to new pages; their slots stay reserved",
             census
                 .trained
                 .iter()
@@ -630,7 +632,7 @@ mod tests {
     }
 
     #[test]
-    fn only_pools_keep_the_slots_of_parameters_replaced_in_backward() {
+    fn only_pools_keep_the_slots_of_parameters_an_update_replaced() {
         let census = census();
         let replaced = |timing, in_place, memory| {
             plan(timing, in_place)
@@ -647,6 +649,10 @@ mod tests {
         );
         assert_eq!(
             replaced(UpdateTiming::AfterBackward, false, DeviceMemory::Pools),
+            800
+        );
+        assert_eq!(
+            replaced(UpdateTiming::AfterBackward, true, DeviceMemory::Pools),
             0
         );
         assert_eq!(
