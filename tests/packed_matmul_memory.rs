@@ -18,7 +18,9 @@ static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 /// At `[4096, 2048]` (32 MiB of f32), both products of 8 rows with the packed weight raise the
 /// peak by under a quarter of the dense weight, for either packing. The same weight decoded
-/// whole and multiplied by Burn's matmul, measured the same way, raises it by more than it.
+/// whole and multiplied by Burn's matmul, measured the same way, fails that bound: on Flex it
+/// raises the peak by the whole weight; on a Cube device part of it may land on pages the packed
+/// runs reserved and freed (without autotuning, lavapipe grows its pools by 26 of the 32 MiB).
 #[test]
 fn a_product_peaks_below_the_dense_weight() {
     let (m, d_input, d_output) = (8, 2048, 4096);
@@ -52,8 +54,13 @@ fn a_product_peaks_below_the_dense_weight() {
             drop((y, dx));
         });
         eprintln!("{name}: decoded whole, {decoded_whole} B");
+        let must_see = if device.memory_pool_usage().is_some() {
+            dense_bytes / 4
+        } else {
+            dense_bytes
+        };
         assert!(
-            decoded_whole >= dense_bytes,
+            decoded_whole >= must_see,
             "{name}: the measurement must see a dense weight ({decoded_whole} B)"
         );
     }
