@@ -27,6 +27,40 @@ const TOLERANCE: f64 = 0.02;
 /// past it (the gradients are 17–23% of the after-backward peaks here).
 const PEAK_TOLERANCE: f64 = 0.05;
 
+/// Predicted-against-measured rows, each printed as it comes; the rows off by more than the
+/// tolerance fail together at the end, so one run shows all of them.
+struct Comparison {
+    tolerance: f64,
+    failures: Vec<String>,
+}
+
+impl Comparison {
+    fn new(tolerance: f64) -> Self {
+        Self {
+            tolerance,
+            failures: Vec::new(),
+        }
+    }
+
+    fn row(&mut self, label: String, predicted: u64, measured: u64) {
+        let ratio = predicted as f64 / measured as f64;
+        let row = format!("{label}: predicted {predicted}, measured {measured} (×{ratio:.4})");
+        eprintln!("{row}");
+        if (ratio - 1.0).abs() > self.tolerance {
+            self.failures.push(row);
+        }
+    }
+
+    fn assert_all_within_tolerance(self) {
+        assert!(
+            self.failures.is_empty(),
+            "off by more than {}: {:#?}",
+            self.tolerance,
+            self.failures
+        );
+    }
+}
+
 /// The byte ids of the embedded corpus, cut into windows of `seq + 1`.
 fn windows(seq: usize) -> Vec<Vec<u32>> {
     let tokens = TextTokenizer::byte_level().encode(DEFAULT_CORPUS).unwrap();
@@ -39,7 +73,7 @@ fn windows(seq: usize) -> Vec<Vec<u32>> {
 fn the_step_peak_is_predicted_for_every_stack() {
     let _turn = common::take_turn(); // peak readings are process-wide
     let device = Device::flex();
-    let mut failures = Vec::new();
+    let mut comparison = Comparison::new(PEAK_TOLERANCE);
     for model in ["tiny", "small"] {
         for seq in [64, 256] {
             let windows = windows(seq);
@@ -53,24 +87,16 @@ fn the_step_peak_is_predicted_for_every_stack() {
                         .unwrap()
                         .pools
                         .peak;
-                let ratio = candidate.peak as f64 / measured as f64;
-                let row = format!(
-                    "{model} seq {seq} {}: predicted {} at {}, measured {measured} (×{ratio:.4})",
+                let label = format!(
+                    "{model} seq {seq} {} (peak at {})",
                     candidate.stack.name,
-                    candidate.peak,
                     candidate.budget.peak_phase().name
                 );
-                eprintln!("{row}");
-                if (ratio - 1.0).abs() > PEAK_TOLERANCE {
-                    failures.push(row);
-                }
+                comparison.row(label, candidate.peak, measured);
             }
         }
     }
-    assert!(
-        failures.is_empty(),
-        "off by more than {PEAK_TOLERANCE}: {failures:#?}"
-    );
+    comparison.assert_all_within_tolerance();
 }
 
 /// For every combination of attention, loss, blocks and linears (dense, ternary, counter codes
@@ -82,7 +108,7 @@ fn the_step_peak_is_predicted_for_every_stack() {
 fn the_saved_activations_are_predicted_for_every_stack() {
     let _turn = common::take_turn(); // peak readings are process-wide
     let device = Device::flex();
-    let mut failures = Vec::new();
+    let mut comparison = Comparison::new(TOLERANCE);
     for seq in [32, 128] {
         let windows = windows(seq);
         let shape = StepShape::f32(2, seq);
@@ -117,26 +143,18 @@ fn the_saved_activations_are_predicted_for_every_stack() {
                             )
                             .unwrap()
                             .saved_activations;
-                            let ratio = predicted as f64 / measured as f64;
-                            let row = format!(
+                            let label = format!(
                                 "seq {seq} {attention:?} {loss:?} {blocks:?} {linear:?} \
-                                 {optimizer:?}: predicted {predicted}, measured {measured} \
-                                 (×{ratio:.4})"
+                                 {optimizer:?}"
                             );
-                            eprintln!("{row}");
-                            if (ratio - 1.0).abs() > TOLERANCE {
-                                failures.push(row);
-                            }
+                            comparison.row(label, predicted, measured);
                         }
                     }
                 }
             }
         }
     }
-    assert!(
-        failures.is_empty(),
-        "off by more than {TOLERANCE}: {failures:#?}"
-    );
+    comparison.assert_all_within_tolerance();
 }
 
 /// The census from a config's shapes is the census of the model it builds, for every preset,
@@ -272,7 +290,7 @@ mod cube_pools {
         // Only the children open the adapter, whose runtime's threads would move this process's heap
         // readings; and reading the children's output allocates here too, so the Flex tests wait.
         let _turn = common::take_turn();
-        let mut failures = Vec::new();
+        let mut comparison = Comparison::new(POOLS_TOLERANCE);
         for (model, stack, seq) in POOL_CASES {
             let output = std::process::Command::new(std::env::current_exe().unwrap())
                 .args([
@@ -316,21 +334,13 @@ mod cube_pools {
                 DeviceMemory::Pools,
             )
             .unwrap();
-            let ratio = budget.peak() as f64 / measured as f64;
-            let row = format!(
-                "{model} seq {seq} {stack}: predicted {} at {}, measured {measured} (×{ratio:.4})",
-                budget.peak(),
+            let label = format!(
+                "{model} seq {seq} {stack} (peak at {})",
                 budget.peak_phase().name
             );
-            eprintln!("{row}");
-            if (ratio - 1.0).abs() > POOLS_TOLERANCE {
-                failures.push(row);
-            }
+            comparison.row(label, budget.peak(), measured);
         }
-        assert!(
-            failures.is_empty(),
-            "off by more than {POOLS_TOLERANCE}: {failures:#?}"
-        );
+        comparison.assert_all_within_tolerance();
     }
 
     /// How far a predicted pool peak may be from the measured one on lavapipe: a phase's pages are
