@@ -255,12 +255,8 @@ fn a_sequence_over_the_context_is_refused() {
     assert!(error.contains(&format!("sequence length {seq}")), "{error}");
 }
 
-/// CubeCL's pools, measured on wgpu. The budget predicts the kernels Burn picks by autotuning (its
-/// default), so these tests need the `autotune` feature, which CI leaves out: without it Burn's
-/// untuned matmul and fusion kernels reserve about one 2 MiB arena page more (lavapipe, tiny seq
-/// 64, 10 steps: `baseline` 33.26 against 30.81 MiB autotuned; `reversible` at seq 256 falls to
-/// ×0.91 of the prediction).
-#[cfg(all(feature = "wgpu", feature = "autotune"))]
+/// CubeCL's pools, measured on wgpu, with or without Burn's autotuning (CI runs them without).
+#[cfg(feature = "wgpu")]
 mod cube_pools {
     use super::*;
     use burn_memwall_models::lm::step_budget;
@@ -343,10 +339,13 @@ mod cube_pools {
         comparison.assert_all_within_tolerance();
     }
 
-    /// How far a predicted pool peak may be from the measured one on lavapipe: a phase's pages are
-    /// placed as if packed from empty, so the holes earlier phases leave (up to one 2 MiB arena page
-    /// at `tiny`'s sizes; docs/memory-model/cube-pools.md) are not seen.
-    const POOLS_TOLERANCE: f64 = 0.08;
+    /// How far a predicted pool peak may be from the measured one on lavapipe (issue 18's bound):
+    /// a phase's pages are placed as if packed from empty, so the holes earlier phases leave are
+    /// not seen (docs/memory-model/cube-pools.md). With Burn's autotuned kernels the rows are
+    /// within 2.3%; its untuned kernels, which CI runs, leave up to about one 2 MiB arena page
+    /// more, and the rows read ×0.91–0.99. Leaving out the gradients or the rewritten parameters'
+    /// stale slots (about 4.4 MiB each at `tiny`, whose rows peak near 30 MiB) moves rows past it.
+    const POOLS_TOLERANCE: f64 = 0.10;
 
     /// Steps each pools row trains: the pools' high-water mark grows while Burn's optimizers move
     /// the parameters out of their slots (after backward over the first steps: `tiny` `baseline`
