@@ -3,11 +3,12 @@
 
 mod common;
 
+use burn::nn::attention::generate_autoregressive_mask;
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution, FloatDType};
 use burn_memwall::ops::flash_attention::{
     self, AttentionShapes, FlashAttentionError, FlashAttentionOptions, flash_attention,
-    try_flash_attention,
+    is_causal_mask, try_flash_attention,
 };
 
 #[derive(Clone, Debug)]
@@ -21,6 +22,8 @@ struct Case {
     options: FlashAttentionOptions,
     /// Per batch element, how many trailing keys are padding (all of them: rows see nothing).
     padded_keys: Option<Vec<usize>>,
+    /// An attention mask `[mask_batch, mask_queries, s_k]` of [`Case::attn_hides`]'s pattern.
+    attn_mask: Option<[usize; 2]>,
 }
 
 impl Case {
@@ -34,7 +37,50 @@ impl Case {
             d,
             options: FlashAttentionOptions::default(),
             padded_keys: None,
+            attn_mask: None,
         }
+    }
+
+    fn masked(mut self, mask_batch: usize, mask_queries: usize) -> Self {
+        self.attn_mask = Some([mask_batch, mask_queries]);
+        self
+    }
+
+    /// The attention mask's pattern, broadcast as its shape says: whole 64×64 tiles hidden (the
+    /// Flex path's tile, which it then skips), scattered keys, and with a mask per query, rows
+    /// that see nothing.
+    fn attn_hides(&self, batch: usize, i: usize, j: usize) -> bool {
+        let Some([mask_batch, mask_queries]) = self.attn_mask else {
+            return false;
+        };
+        let b = if mask_batch == 1 { 0 } else { batch };
+        let i = if mask_queries == 1 { 0 } else { i };
+        let whole_tile = (i / 64 + j / 64 + b) % 3 == 2;
+        let scattered = (5 * i + 3 * j + 7 * b).is_multiple_of(4);
+        let blind_row = mask_queries > 1 && i % 13 == 5;
+        whole_tile || scattered || blind_row
+    }
+
+    /// The op's mask argument: the padding `[batch, 1, s_k]` or the attention mask.
+    fn mask(&self, device: &Device) -> Option<Tensor<3, Bool>> {
+        let (shape, hidden): ([usize; 3], Vec<bool>) = match (&self.padded_keys, self.attn_mask) {
+            (None, None) => return None,
+            (Some(padded), None) => (
+                [self.batch, 1, self.s_k],
+                (0..self.batch)
+                    .flat_map(|b| (0..self.s_k).map(move |j| j >= self.s_k - padded[b]))
+                    .collect(),
+            ),
+            (None, Some([mask_batch, mask_queries])) => (
+                [mask_batch, mask_queries, self.s_k],
+                (0..mask_batch)
+                    .flat_map(|b| (0..mask_queries).map(move |i| (b, i)))
+                    .flat_map(|(b, i)| (0..self.s_k).map(move |j| self.attn_hides(b, i, j)))
+                    .collect(),
+            ),
+            (Some(_), Some(_)) => panic!("the op takes one mask: combine them in the case"),
+        };
+        Some(Tensor::from_data(TensorData::new(hidden, shape), device))
     }
 
     fn causal(mut self) -> Self {
@@ -55,7 +101,7 @@ impl Case {
             .padded_keys
             .as_ref()
             .is_some_and(|p| j >= self.s_k - p[batch]);
-        (!causal || j_pos <= position) && in_window && !padded
+        (!causal || j_pos <= position) && in_window && !padded && !self.attn_hides(batch, i, j)
     }
 }
 
@@ -115,12 +161,7 @@ fn check(case: &Case, device: &Device, dtype: DType, tol: f64) {
     let k = rounded(random([case.batch, case.kv_heads, case.s_k, case.d], &host));
     let v = rounded(random([case.batch, case.kv_heads, case.s_k, case.d], &host));
     let d_out = rounded(random([case.batch, case.heads, case.s_q, case.d], &host));
-    let mask = case.padded_keys.as_ref().map(|padded| {
-        let hidden: Vec<bool> = (0..case.batch)
-            .flat_map(|b| (0..case.s_k).map(move |j| j >= case.s_k - padded[b]))
-            .collect();
-        Tensor::<2, Bool>::from_data(TensorData::new(hidden, [case.batch, case.s_k]), device)
-    });
+    let mask = case.mask(device);
 
     let autodiff = device.clone().autodiff();
     let tracked =
@@ -212,6 +253,15 @@ fn matches_the_reference_on_odd_shapes_with_every_option() {
     quiet.options.quiet_softmax = true;
     quiet.padded_keys = Some(vec![5, 67]);
     cases.push(quiet);
+    // Attention masks: one per element and query, with whole tiles and rows hidden; one for
+    // every element, under causal and a KV cache's alignment; one per element for every query
+    // (a padding mask by another name); and quiet softmax over a mask.
+    cases.push(Case::new(2, 2, 1, 150, 150, 32).masked(2, 150));
+    cases.push(Case::new(2, 4, 2, 70, 140, 32).causal().masked(1, 70));
+    cases.push(Case::new(2, 2, 2, 40, 67, 32).masked(2, 1));
+    let mut quiet = Case::new(2, 2, 1, 150, 150, 32).masked(2, 150);
+    quiet.options.quiet_softmax = true;
+    cases.push(quiet);
 
     for device in common::devices() {
         for case in &cases {
@@ -270,15 +320,27 @@ fn bad_shapes_name_the_shapes() {
     );
     assert!(error([1, 4, 8, 512], [1, 4, 8, 512], [1, 4, 8, 32]).contains("above 256"));
 
-    let mask = Tensor::<2, Bool>::from_data(TensorData::new(vec![false; 7], [1, 7]), &device);
-    let q = t([1, 4, 8, 32]);
-    let message = flash_attention::check_shapes(&q, &q, &q, Some(&mask), &options)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        message.contains("[batch, s_k] = [1, 8]") && message.contains("[1, 7]"),
-        "{message}"
-    );
+    let q = t([2, 4, 8, 32]);
+    let mask = |shape: [usize; 3]| {
+        Tensor::<3, Bool>::from_data(
+            TensorData::new(vec![false; shape.iter().product()], shape),
+            &device,
+        )
+    };
+    for bad in [[2, 8, 7], [3, 8, 8], [2, 5, 8]] {
+        let message = flash_attention::check_shapes(&q, &q, &q, Some(&mask(bad)), &options)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.contains("[batch, s_q, s_k] = [2, 8, 8]")
+                && message.contains(&format!("{bad:?}")),
+            "{message}"
+        );
+    }
+    for fits in [[1, 1, 8], [2, 1, 8], [1, 8, 8], [2, 8, 8]] {
+        flash_attention::check_shapes(&q, &q, &q, Some(&mask(fits)), &options)
+            .expect("a mask broadcast along batch or queries fits");
+    }
 
     // Options that would make every score NaN are refused, not attended.
     for (options, wanted) in [
@@ -333,4 +395,30 @@ fn try_flash_attention_returns_the_shapes_that_do_not_fit() {
     })
     .unwrap_err();
     assert_eq!(panic.downcast_ref::<String>(), Some(&error.to_string()));
+}
+
+/// Burn's autoregressive mask is recognised as causal, also aligned as a KV cache (`s_q < s_k`);
+/// a mask one element away from it, or one that hides nothing, is not.
+#[test]
+fn a_causal_mask_is_recognised() {
+    let device = Device::flex();
+    let autoregressive = generate_autoregressive_mask(3, 9, &device);
+    assert!(is_causal_mask(&autoregressive));
+    let cache_aligned: Vec<bool> = (0..4)
+        .flat_map(|i| (0..10).map(move |j| j > i + 6))
+        .collect();
+    let cache_aligned =
+        Tensor::<3, Bool>::from_data(TensorData::new(cache_aligned, [1, 4, 10]), &device);
+    assert!(is_causal_mask(&cache_aligned));
+    let one_off = autoregressive.clone().slice_assign(
+        [2..3, 8..9, 3..4],
+        Tensor::<3, Bool>::from_data(TensorData::new(vec![true], [1, 1, 1]), &device),
+    );
+    assert!(
+        !is_causal_mask(&one_off),
+        "one more hidden key in the last element"
+    );
+    let nothing_hidden =
+        Tensor::<3, Bool>::from_data(TensorData::new(vec![false; 81], [1, 9, 9]), &device);
+    assert!(!is_causal_mask(&nothing_hidden));
 }

@@ -1,5 +1,5 @@
 //! Flash attention's memory claim: forward + backward grow linearly in the sequence length,
-//! where Burn's autodiff attention grows with its square.
+//! where Burn's autodiff attention grows with its square; a mask is read where it lies.
 
 mod common;
 
@@ -45,6 +45,16 @@ fn flash_peak(seq: usize, device: &Device) -> u64 {
     })
 }
 
+/// The same attention with causality given as a `[1, seq, seq]` mask (made before the peak
+/// window, as a caller's mask is).
+fn masked_flash_peak(seq: usize, device: &Device) -> u64 {
+    let mask =
+        Tensor::<2, Bool>::tril_mask([seq, seq], 0, &device.clone().autodiff()).unsqueeze_dim(0);
+    train_peak(seq, device, |q, k, v| {
+        flash_attention(q, k, v, Some(mask), FlashAttentionOptions::default())
+    })
+}
+
 fn burn_peak(seq: usize, device: &Device) -> u64 {
     let options = AttentionModuleOptions {
         is_causal: true,
@@ -82,4 +92,24 @@ fn doubling_the_sequence_doubles_the_peak_not_quadruples_it() {
             "{name}: at 1024 tokens: flash {flash_2s} vs Burn {burn_2s}"
         );
     }
+}
+
+/// A `[1, s, s]` mask is read tile by tile where it lies: the peak holds no copy of it, not even
+/// one byte per element, let alone one per head. On Flex, whose peak window resets; a Cube
+/// device's pools count everything reserved since the device started, here by the other test
+/// too (the kernels read the caller's bool storage in place: `cube.rs`).
+#[test]
+fn a_mask_is_read_where_it_lies() {
+    let _turn = common::take_turn();
+    const SEQ: usize = 1024;
+    let device = Device::flex();
+    flash_peak(64, &device);
+    let unmasked = flash_peak(SEQ, &device);
+    let masked = masked_flash_peak(SEQ, &device);
+    eprintln!("flex: causal {unmasked}, masked {masked}");
+    assert!(
+        masked <= unmasked + (SEQ * SEQ / 4) as u64,
+        "the mask added {} bytes to the peak",
+        masked.saturating_sub(unmasked)
+    );
 }

@@ -1,9 +1,12 @@
 //! `FlashMultiHeadAttention` against Burn's `MultiHeadAttention` holding the same weights:
-//! context and every gradient (input and the four linears), with and without key padding.
+//! context and every gradient (input and the four linears), with and without key padding and
+//! an attention mask.
 
 mod common;
 
-use burn::nn::attention::{MhaInput, MultiHeadAttention, MultiHeadAttentionConfig};
+use burn::nn::attention::{
+    MhaInput, MultiHeadAttention, MultiHeadAttentionConfig, generate_autoregressive_mask,
+};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_memwall::nn::{FlashMhaError, FlashMhaInput, FlashMultiHeadAttention};
@@ -48,7 +51,14 @@ fn assert_close(what: &str, got: &[f32], want: &[f32]) {
     }
 }
 
-fn check(device: &Device, padded: bool, quiet: bool) {
+/// Which of Burn's masks a comparison passes.
+#[derive(Clone, Copy, Debug)]
+struct Masks {
+    padded: bool,
+    attn: bool,
+}
+
+fn check(device: &Device, masks: Masks, quiet: bool) {
     let autodiff = device.clone().autodiff();
     let (batch, seq) = (2, 37);
     let burn_mha: MultiHeadAttention = config().with_quiet_softmax(quiet).init(&autodiff);
@@ -64,11 +74,22 @@ fn check(device: &Device, padded: bool, quiet: bool) {
         &autodiff,
     );
     // The second element's last 12 keys are padding; every query still sees a key.
-    let mask = padded.then(|| {
+    let mask = masks.padded.then(|| {
         let hidden: Vec<bool> = (0..batch)
             .flat_map(|b| (0..seq).map(move |j| b == 1 && j >= seq - 12))
             .collect();
         Tensor::<2, Bool>::from_data(TensorData::new(hidden, [batch, seq]), &autodiff)
+    });
+    // Burn's autoregressive mask (a broadcast view), and a scattered pattern on top of it that
+    // differs between the batch elements; key 0 stays visible, so every query sees a key.
+    let mask_attn = masks.attn.then(|| {
+        let scattered: Vec<bool> = (0..batch)
+            .flat_map(|b| (0..seq).flat_map(move |i| (0..seq).map(move |j| (b, i, j))))
+            .map(|(b, i, j)| j > 0 && (7 * i + 3 * j + b).is_multiple_of(5))
+            .collect();
+        let scattered =
+            Tensor::<3, Bool>::from_data(TensorData::new(scattered, [batch, seq, seq]), &autodiff);
+        generate_autoregressive_mask(batch, seq, &autodiff).bool_or(scattered)
     });
 
     let x_burn = x.clone().require_grad();
@@ -79,9 +100,14 @@ fn check(device: &Device, padded: bool, quiet: bool) {
         input = input.mask_pad(mask.clone());
         flash_input = flash_input.mask_pad(mask);
     }
+    if let Some(mask) = mask_attn {
+        input = input.mask_attn(mask.clone());
+        flash_input = flash_input.mask_attn(mask);
+    }
     let want = burn_mha.forward(input).context;
     let got = flash.forward(flash_input);
-    assert_close("context", &host(got.clone()), &host(want.clone()));
+    let label = |name: &str| format!("{name} ({masks:?}, quiet {quiet}, {device:?})");
+    assert_close(&label("context"), &host(got.clone()), &host(want.clone()));
 
     let want = gradients(
         want,
@@ -102,7 +128,7 @@ fn check(device: &Device, padded: bool, quiet: bool) {
     );
     let names = ["dx", "dWq", "dbq", "dWk", "dbk", "dWv", "dbv", "dWo", "dbo"];
     for ((name, got), want) in names.iter().zip(&got).zip(&want) {
-        assert_close(name, got, want);
+        assert_close(&label(name), got, want);
     }
 }
 
@@ -110,8 +136,9 @@ fn check(device: &Device, padded: bool, quiet: bool) {
 fn matches_burns_multi_head_attention_with_the_same_weights() {
     for device in common::devices() {
         for quiet in [false, true] {
-            check(&device, false, quiet);
-            check(&device, true, quiet);
+            for (padded, attn) in [(false, false), (true, false), (true, true)] {
+                check(&device, Masks { padded, attn }, quiet);
+            }
         }
     }
 }

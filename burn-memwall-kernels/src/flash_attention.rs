@@ -20,11 +20,15 @@
 //!
 //! Layouts: q, d_out `[batch, heads, s_q, d]`, k, v `[batch, kv_heads, s_k, d]` read through
 //! their strides (the transposed views an attention layer makes need no copy); `hidden`
-//! `[batch, s_k]` f32, nonzero for padding keys; lse and delta `[batch·heads·s_q]` in f32; every
-//! written tensor is contiguous. Arithmetic is f32 whatever the storage type `F`.
+//! `[batch or 1, s_q or 1, s_k]` in the runtime's bool storage `M`, nonzero where a query must
+//! not see a key (a key padding mask is `[batch, 1, s_k]`), read through its strides; lse and
+//! delta `[batch·heads·s_q]` in f32; every written tensor is contiguous. Arithmetic is f32
+//! whatever the storage type `F`.
 //!
 //! Visibility: query `i` sits at key position `i + offset` (`offset = s_k − s_q`, a KV cache's
 //! alignment). Causal: keys up to that position. `window > 0`: only the last `window` of them.
+//! The loops cover only the positions a tile's rows can see; within them, a key (or query) that
+//! the mask hides from all of a unit's rows costs that unit no dot product.
 //!
 //! Every kernel takes the same [`AttentionArgs`]: the scalars of one attention, runtime and
 //! comptime together, so that a new option is one field rather than a parameter in each kernel.
@@ -145,6 +149,16 @@ fn end_query(key: usize, s_q: usize, args: &AttentionArgs) -> usize {
     end
 }
 
+/// Whether the mask `hidden` `[batch or 1, s_q or 1, s_k]` shows key `key` to query `query` of
+/// batch element `batch`.
+#[cube]
+fn mask_shows<M: Numeric>(hidden: &Tensor<M>, batch: usize, query: usize, key: usize) -> bool {
+    let batch = select(hidden.shape(0) == 1, 0, batch);
+    let query = select(hidden.shape(1) == 1, 0, query);
+    hidden[batch * hidden.stride(0) + query * hidden.stride(1) + key * hidden.stride(2)]
+        == M::from_int(0)
+}
+
 /// Offset of row `row` of head `head` of batch element `batch` in a rank-4 tensor.
 #[cube]
 fn row_at<F: Float>(t: &Tensor<F>, batch: usize, head: usize, row: usize) -> usize {
@@ -233,6 +247,31 @@ fn store_rows<F: Float>(
     }
 }
 
+/// `shown[r]` = 1 where this unit's row `r` sees key `key` (by position and by the mask), else
+/// 0; returns whether any does.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn shown_to_rows<M: Numeric>(
+    shown: &mut Array<f32>,
+    tile: &Tile,
+    hidden: &Tensor<M>,
+    batch: usize,
+    key: usize,
+    s_k: usize,
+    args: &AttentionArgs,
+    #[comptime] rows: usize,
+) -> bool {
+    let mut any_shown = false;
+    #[unroll]
+    for r in 0..rows {
+        let query = unit_row(tile, r);
+        let visible = sees(query, key, s_k, args) && mask_shows(hidden, batch, query, key);
+        shown[r] = select(visible, 1.0f32, 0.0f32);
+        any_shown = any_shown || visible;
+    }
+    any_shown
+}
+
 #[cube]
 fn filled(value: f32, #[comptime] len: usize) -> Array<f32> {
     let mut registers = Array::<f32>::new(len);
@@ -292,15 +331,16 @@ fn add_outer<F: Float>(
 
 /// Output rows and log-sum-exps of query rows. Sequence: `s_q`; pairs: `batch · heads`.
 #[cube(launch)]
-pub fn flash_attention_forward_kernel<F: Float>(
+pub fn flash_attention_forward_kernel<F: Float, M: Numeric>(
     q: &Tensor<F>,
     k: &Tensor<F>,
     v: &Tensor<F>,
-    hidden: &Tensor<f32>,
+    hidden: &Tensor<M>,
     out: &mut Tensor<F>,
     lse: &mut Tensor<f32>,
     args: &AttentionArgs,
     #[define(F)] _dtype: ElemType,
+    #[define(M)] _mask_dtype: ElemType,
 ) {
     let (d, d_v, rows) = (args.d.comptime(), args.d_v.comptime(), args.rows.comptime());
     let (heads, s_k) = (q.shape(1), k.shape(2));
@@ -318,26 +358,28 @@ pub fn flash_attention_forward_kernel<F: Float>(
         sum = filled(1.0f32, rows);
     }
     let mut p = Array::<f32>::new(rows);
+    let mut shown = Array::<f32>::new(rows);
     for j in first_key(tile.first, args)..end_key(tile.last, s_k, args) {
-        let key_shown = hidden[batch * s_k + j] == 0.0f32;
-        dots(&q_rows, k, row_at(k, batch, kv_head, j), &mut p, d, rows);
-        #[unroll]
-        for r in 0..rows {
-            let visible = key_shown && sees(unit_row(&tile, r), j, s_k, args);
-            let s = score(p[r], args);
-            if visible && s > max[r] {
-                let correction = (max[r] - s).exp();
-                sum[r] *= correction;
-                #[unroll]
-                for c in 0..d_v {
-                    acc[r * d_v + c] *= correction;
+        if shown_to_rows(&mut shown, &tile, hidden, batch, j, s_k, args, rows) {
+            dots(&q_rows, k, row_at(k, batch, kv_head, j), &mut p, d, rows);
+            #[unroll]
+            for r in 0..rows {
+                let visible = shown[r] > 0.0f32;
+                let s = score(p[r], args);
+                if visible && s > max[r] {
+                    let correction = (max[r] - s).exp();
+                    sum[r] *= correction;
+                    #[unroll]
+                    for c in 0..d_v {
+                        acc[r * d_v + c] *= correction;
+                    }
+                    max[r] = s;
                 }
-                max[r] = s;
+                p[r] = select(visible, (s - max[r]).exp(), 0.0f32);
+                sum[r] += p[r];
             }
-            p[r] = select(visible, (s - max[r]).exp(), 0.0f32);
-            sum[r] += p[r];
+            add_outer(&mut acc, &p, v, row_at(v, batch, kv_head, j), d_v, rows);
         }
-        add_outer(&mut acc, &p, v, row_at(v, batch, kv_head, j), d_v, rows);
     }
 
     // A row that saw no key outputs zeros; its log-sum-exp is never read back.
@@ -360,11 +402,11 @@ pub fn flash_attention_forward_kernel<F: Float>(
 /// pairs: `batch · heads`.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
-pub fn flash_attention_query_grad_kernel<F: Float>(
+pub fn flash_attention_query_grad_kernel<F: Float, M: Numeric>(
     q: &Tensor<F>,
     k: &Tensor<F>,
     v: &Tensor<F>,
-    hidden: &Tensor<f32>,
+    hidden: &Tensor<M>,
     out: &Tensor<F>,
     d_out: &Tensor<F>,
     lse: &Tensor<f32>,
@@ -372,6 +414,7 @@ pub fn flash_attention_query_grad_kernel<F: Float>(
     dq: &mut Tensor<F>,
     args: &AttentionArgs,
     #[define(F)] _dtype: ElemType,
+    #[define(M)] _mask_dtype: ElemType,
 ) {
     let (d, d_v, rows) = (args.d.comptime(), args.d_v.comptime(), args.rows.comptime());
     let (heads, s_k) = (q.shape(1), k.shape(2));
@@ -398,26 +441,27 @@ pub fn flash_attention_query_grad_kernel<F: Float>(
     let mut dq_acc = filled(0.0f32, rows * d);
     let mut ds = Array::<f32>::new(rows);
     let mut dp = Array::<f32>::new(rows);
+    let mut shown = Array::<f32>::new(rows);
     for j in first_key(tile.first, args)..end_key(tile.last, s_k, args) {
-        let key_shown = hidden[batch * s_k + j] == 0.0f32;
-        let k_at = row_at(k, batch, kv_head, j);
-        dots(&q_rows, k, k_at, &mut ds, d, rows);
-        dots(
-            &d_out_rows,
-            v,
-            row_at(v, batch, kv_head, j),
-            &mut dp,
-            d_v,
-            rows,
-        );
-        #[unroll]
-        for r in 0..rows {
-            let visible = key_shown && sees(unit_row(&tile, r), j, s_k, args);
-            let s = score(ds[r], args);
-            let p = select(visible, (s - row_lse[r]).exp(), 0.0f32);
-            ds[r] = p * (dp[r] - row_delta[r]) * score_slope(s, args);
+        if shown_to_rows(&mut shown, &tile, hidden, batch, j, s_k, args, rows) {
+            let k_at = row_at(k, batch, kv_head, j);
+            dots(&q_rows, k, k_at, &mut ds, d, rows);
+            dots(
+                &d_out_rows,
+                v,
+                row_at(v, batch, kv_head, j),
+                &mut dp,
+                d_v,
+                rows,
+            );
+            #[unroll]
+            for r in 0..rows {
+                let s = score(ds[r], args);
+                let p = select(shown[r] > 0.0f32, (s - row_lse[r]).exp(), 0.0f32);
+                ds[r] = p * (dp[r] - row_delta[r]) * score_slope(s, args);
+            }
+            add_outer(&mut dq_acc, &ds, k, k_at, d, rows);
         }
-        add_outer(&mut dq_acc, &ds, k, k_at, d, rows);
     }
     #[unroll]
     for r in 0..rows {
@@ -432,11 +476,11 @@ pub fn flash_attention_query_grad_kernel<F: Float>(
 /// Sequence: `s_k`; pairs: `batch · kv_heads`.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
-pub fn flash_attention_key_grad_kernel<F: Float>(
+pub fn flash_attention_key_grad_kernel<F: Float, M: Numeric>(
     q: &Tensor<F>,
     k: &Tensor<F>,
     v: &Tensor<F>,
-    hidden: &Tensor<f32>,
+    hidden: &Tensor<M>,
     d_out: &Tensor<F>,
     lse: &Tensor<f32>,
     delta: &Tensor<f32>,
@@ -445,6 +489,7 @@ pub fn flash_attention_key_grad_kernel<F: Float>(
     args: &AttentionArgs,
     #[comptime] group: usize,
     #[define(F)] _dtype: ElemType,
+    #[define(M)] _mask_dtype: ElemType,
 ) {
     let (d, d_v, rows) = (args.d.comptime(), args.d_v.comptime(), args.rows.comptime());
     let (heads, s_q) = (q.shape(1), q.shape(2));
@@ -456,12 +501,8 @@ pub fn flash_attention_key_grad_kernel<F: Float>(
     let v_rows = load_rows(v, &tile, batch, kv_head, d_v, rows);
     let mut dk_acc = filled(0.0f32, rows * d);
     let mut dv_acc = filled(0.0f32, rows * d_v);
-    let mut padding = Array::<f32>::new(rows);
-    #[unroll]
-    for r in 0..rows {
-        padding[r] = hidden[batch * s_k + unit_row(&tile, r)];
-    }
     let mut p = Array::<f32>::new(rows);
+    let mut shown = Array::<f32>::new(rows);
     let mut ds = Array::<f32>::new(rows);
     let queries_first = first_query(tile.first, args);
     let queries_end = end_query(tile.last, s_q, args);
@@ -471,19 +512,28 @@ pub fn flash_attention_key_grad_kernel<F: Float>(
     for g in 0..group {
         let head = kv_head * group + g;
         for i in queries_first..queries_end {
-            let query = (batch * heads + head) * s_q + i;
-            let (q_at, d_out_at) = (row_at(q, batch, head, i), row_at(d_out, batch, head, i));
-            dots(&k_rows, q, q_at, &mut p, d, rows);
-            dots(&v_rows, d_out, d_out_at, &mut ds, d_v, rows);
+            let mut any_shown = false;
             #[unroll]
             for r in 0..rows {
-                let visible = padding[r] == 0.0f32 && sees(i, unit_row(&tile, r), s_k, args);
-                let s = score(p[r], args);
-                p[r] = select(visible, (s - lse[query]).exp(), 0.0f32);
-                ds[r] = p[r] * (ds[r] - delta[query]) * score_slope(s, args);
+                let key = unit_row(&tile, r);
+                let visible = sees(i, key, s_k, args) && mask_shows(hidden, batch, i, key);
+                shown[r] = select(visible, 1.0f32, 0.0f32);
+                any_shown = any_shown || visible;
             }
-            add_outer(&mut dv_acc, &p, d_out, d_out_at, d_v, rows);
-            add_outer(&mut dk_acc, &ds, q, q_at, d, rows);
+            if any_shown {
+                let query = (batch * heads + head) * s_q + i;
+                let (q_at, d_out_at) = (row_at(q, batch, head, i), row_at(d_out, batch, head, i));
+                dots(&k_rows, q, q_at, &mut p, d, rows);
+                dots(&v_rows, d_out, d_out_at, &mut ds, d_v, rows);
+                #[unroll]
+                for r in 0..rows {
+                    let s = score(p[r], args);
+                    p[r] = select(shown[r] > 0.0f32, (s - lse[query]).exp(), 0.0f32);
+                    ds[r] = p[r] * (ds[r] - delta[query]) * score_slope(s, args);
+                }
+                add_outer(&mut dv_acc, &p, d_out, d_out_at, d_v, rows);
+                add_outer(&mut dk_acc, &ds, q, q_at, d, rows);
+            }
         }
     }
     store_rows(dk, &tile, &dk_acc, &filled(args.scale, rows), d, rows);

@@ -26,9 +26,10 @@ pub enum FlashMhaError {
 /// four linears and so the same weights and records, the same inputs. What differs:
 /// - the forward returns the context `[batch, s_1, d_model]` only; Burn's `MhaOutput` also
 ///   returns the attention weights, which are exactly the `s_1 × s_2` tensor this layer avoids;
-/// - masking is by key padding ([`FlashMhaInput::mask_pad`]) and position
-///   ([`FlashMhaInput::causal`], [`FlashMhaInput::window`]) rather than an arbitrary
-///   `[batch, s_1, s_2]` mask;
+/// - masks are Burn's ([`FlashMhaInput::mask_pad`], [`FlashMhaInput::mask_attn`]), and
+///   position can also be given as options that cost nothing to read
+///   ([`FlashMhaInput::causal`], [`FlashMhaInput::window`]): prefer `causal()` to an
+///   autoregressive `mask_attn`, which is read element by element;
 /// - masked keys get exactly zero weight (Burn fills them with `min_float`): results agree
 ///   whenever a query sees at least one key, and a query that sees none outputs the output
 ///   layer's bias, where Burn would average every value.
@@ -59,6 +60,7 @@ pub struct FlashMhaInput {
     key: Tensor<3>,
     value: Tensor<3>,
     mask_pad: Option<Tensor<2, Bool>>,
+    mask_attn: Option<Tensor<3, Bool>>,
     options: FlashAttentionOptions,
 }
 
@@ -75,6 +77,7 @@ impl FlashMhaInput {
             key,
             value,
             mask_pad: None,
+            mask_attn: None,
             options: FlashAttentionOptions::default(),
         }
     }
@@ -83,6 +86,27 @@ impl FlashMhaInput {
     pub fn mask_pad(mut self, mask_pad: Tensor<2, Bool>) -> Self {
         self.mask_pad = Some(mask_pad);
         self
+    }
+
+    /// `[batch, s_1, s_2]` (or `[1, s_1, s_2]`), true where a query must not see a key; combined
+    /// with [`mask_pad`](Self::mask_pad) when both are given.
+    pub fn mask_attn(mut self, mask_attn: Tensor<3, Bool>) -> Self {
+        self.mask_attn = Some(mask_attn);
+        self
+    }
+
+    /// The one mask [`flash_attention`] reads: `mask_attn`, or the padding `[batch, 1, s_2]`, or
+    /// both, hidden where either hides.
+    fn mask(&mut self) -> Option<Tensor<3, Bool>> {
+        let pad = self.mask_pad.take().map(|pad| pad.unsqueeze_dim::<3>(1));
+        match (pad, self.mask_attn.take()) {
+            (Some(pad), Some(attn)) => {
+                let [batch, _, s_2] = pad.dims();
+                let shape = [batch, attn.dims()[1], s_2];
+                Some(pad.expand(shape).bool_or(attn.expand(shape)))
+            }
+            (pad, attn) => pad.or(attn),
+        }
     }
 
     /// Query `i` sees keys up to `i + s_2 − s_1` (causal, aligned to the end as with a KV cache).
@@ -107,7 +131,7 @@ impl FlashMultiHeadAttention {
     /// `[batch, s_1, d_model]` → `[batch, s_1, d_model]`.
     ///
     /// Panics, naming the shapes, when the inputs do not fit the layer or each other.
-    pub fn forward(&self, input: FlashMhaInput) -> Tensor<3> {
+    pub fn forward(&self, mut input: FlashMhaInput) -> Tensor<3> {
         let [batch, s_1, _] = input.query.dims();
         for (name, t) in [
             ("query", &input.query),
@@ -132,11 +156,12 @@ impl FlashMultiHeadAttention {
             quiet_softmax: self.quiet_softmax,
             ..input.options
         };
+        let mask = input.mask();
         let context = flash_attention(
             heads(input.query, &self.query),
             heads(input.key, &self.key),
             heads(input.value, &self.value),
-            input.mask_pad,
+            mask,
             options,
         );
         self.output

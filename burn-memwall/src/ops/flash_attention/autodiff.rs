@@ -44,7 +44,7 @@ impl<B: FlashAttentionBackend, C: CheckpointStrategy> FlashAttentionBackend for 
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        key_padding_mask: BoolTensor<Self>,
+        mask: BoolTensor<Self>,
         options: FlashAttentionOptions,
     ) -> FloatTensor<Self> {
         match FlashAttentionBackward
@@ -58,16 +58,16 @@ impl<B: FlashAttentionBackend, C: CheckpointStrategy> FlashAttentionBackend for 
                     q.clone(),
                     k.clone(),
                     v.clone(),
-                    key_padding_mask.clone(),
+                    mask.clone(),
                     options,
                 );
-                prep.finish((q, k, v, key_padding_mask, out.clone(), lse, options), out)
+                prep.finish((q, k, v, mask, out.clone(), lse, options), out)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::flash_attention(
                 q.into_primitive(),
                 k.into_primitive(),
                 v.into_primitive(),
-                key_padding_mask,
+                mask,
                 options,
             )),
         }
@@ -78,14 +78,14 @@ impl<B: FlashAttentionBackend, C: CheckpointStrategy> FlashAttentionBackend for 
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        key_padding_mask: BoolTensor<Self>,
+        mask: BoolTensor<Self>,
         options: FlashAttentionOptions,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let (out, lse) = B::flash_attention_forward(
             q.into_primitive(),
             k.into_primitive(),
             v.into_primitive(),
-            key_padding_mask,
+            mask,
             options,
         );
         (Self::from_inner(out), Self::from_inner(lse))
@@ -96,7 +96,7 @@ impl<B: FlashAttentionBackend, C: CheckpointStrategy> FlashAttentionBackend for 
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        key_padding_mask: BoolTensor<Self>,
+        mask: BoolTensor<Self>,
         out: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         d_out: FloatTensor<Self>,
@@ -106,7 +106,7 @@ impl<B: FlashAttentionBackend, C: CheckpointStrategy> FlashAttentionBackend for 
             q.into_primitive(),
             k.into_primitive(),
             v.into_primitive(),
-            key_padding_mask,
+            mask,
             out.into_primitive(),
             lse.into_primitive(),
             d_out.into_primitive(),

@@ -1,10 +1,9 @@
 //! The Cube path: the CubeCL kernels of `burn-memwall-kernels` behind [`FlashAttentionBackend`].
 
 use burn::backend::cubecl::dtype_to_storage_type;
-use burn::backend::ops::BoolTensorOps;
 use burn::backend::tensor::{BoolTensor, FloatTensor};
 use burn::backend::{TensorMetadata, fusion::custom::TensorSpec};
-use burn::tensor::{DType, FloatDType, Shape};
+use burn::tensor::{DType, Shape};
 use burn_cubecl::cubecl::{CubeDim, prelude::CubeCount};
 use burn_cubecl::kernel::untile;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
@@ -120,23 +119,18 @@ fn empty_like(t: &CubeTensor, shape: Shape, dtype: DType) -> CubeTensor {
     empty_device_contiguous_dtype(t.client.clone(), t.device.clone(), shape, dtype)
 }
 
-/// Padding keys as f32 (nonzero = hidden): the kernels read one layout whatever the runtime's
-/// bool storage is.
-fn hidden_keys(key_padding_mask: BoolTensor<CubeBackend>) -> CubeTensor {
-    CubeBackend::bool_into_float(key_padding_mask, FloatDType::F32)
-}
-
 impl FlashAttentionBackend for CubeBackend {
     fn flash_attention_forward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        key_padding_mask: BoolTensor<Self>,
+        mask: BoolTensor<Self>,
         options: FlashAttentionOptions,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (q, k, v) = (untile(q), untile(k), untile(v));
+        let (q, k, v, mask) = (untile(q), untile(k), untile(v), untile(mask));
         let launch = Launch::new(&q, &k, &v, &options);
         let [batch, heads, s_q, _] = q.shape().dims();
+        let mask_dtype = dtype_to_storage_type(mask.dtype);
         let out = empty_like(&q, Shape::new([batch, heads, s_q, launch.d_v]), q.dtype);
         let lse = empty_like(&q, Shape::new([batch, heads, s_q, 1]), DType::F32);
         let (cube_count, cube_dim) = grid(&q, s_q, batch * heads, launch.query_rows);
@@ -147,11 +141,12 @@ impl FlashAttentionBackend for CubeBackend {
             q.clone().into_tensor_arg(),
             k.into_tensor_arg(),
             v.into_tensor_arg(),
-            hidden_keys(key_padding_mask).into_tensor_arg(),
+            mask.into_tensor_arg(),
             out.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
             launch.args(launch.query_rows),
             dtype_to_storage_type(q.dtype),
+            mask_dtype,
         );
         (out, lse)
     }
@@ -160,19 +155,21 @@ impl FlashAttentionBackend for CubeBackend {
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        key_padding_mask: BoolTensor<Self>,
+        mask: BoolTensor<Self>,
         out: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         d_out: FloatTensor<Self>,
         options: FlashAttentionOptions,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (q, k, v) = (untile(q), untile(k), untile(v));
+        let (q, k, v, mask) = (untile(q), untile(k), untile(v), untile(mask));
         let (out, lse, d_out) = (untile(out), untile(lse), untile(d_out));
         let launch = Launch::new(&q, &k, &v, &options);
-        let hidden = hidden_keys(key_padding_mask);
         let [batch, heads, s_q, _] = q.shape().dims();
         let [_, kv_heads, s_k, _] = k.shape().dims();
-        let dtype = dtype_to_storage_type(q.dtype);
+        let (dtype, mask_dtype) = (
+            dtype_to_storage_type(q.dtype),
+            dtype_to_storage_type(mask.dtype),
+        );
         let client = q.client.clone();
 
         let delta = empty_like(&q, Shape::new([batch, heads, s_q, 1]), DType::F32);
@@ -185,7 +182,7 @@ impl FlashAttentionBackend for CubeBackend {
             q.clone().into_tensor_arg(),
             k.clone().into_tensor_arg(),
             v.clone().into_tensor_arg(),
-            hidden.clone().into_tensor_arg(),
+            mask.clone().into_tensor_arg(),
             out.into_tensor_arg(),
             d_out.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
@@ -193,6 +190,7 @@ impl FlashAttentionBackend for CubeBackend {
             dq.clone().into_tensor_arg(),
             launch.args(launch.query_rows),
             dtype,
+            mask_dtype,
         );
 
         let dk = empty_like(&k, k.shape(), k.dtype);
@@ -205,7 +203,7 @@ impl FlashAttentionBackend for CubeBackend {
             q.into_tensor_arg(),
             k.into_tensor_arg(),
             v.into_tensor_arg(),
-            hidden.into_tensor_arg(),
+            mask.into_tensor_arg(),
             d_out.into_tensor_arg(),
             lse.into_tensor_arg(),
             delta.into_tensor_arg(),
@@ -214,6 +212,7 @@ impl FlashAttentionBackend for CubeBackend {
             launch.args(launch.key_rows),
             heads / kv_heads,
             dtype,
+            mask_dtype,
         );
         (dq, dk, dv)
     }
@@ -225,7 +224,7 @@ pub(super) fn forward_spec(
     q: &TensorSpec,
     _k: &TensorSpec,
     v: &TensorSpec,
-    _key_padding_mask: &TensorSpec,
+    _mask: &TensorSpec,
     _options: &FlashAttentionOptions,
 ) -> (TensorSpec, TensorSpec) {
     let [batch, heads, s_q, _] = q.shape.dims();
@@ -241,7 +240,7 @@ pub(super) fn backward_spec(
     q: &TensorSpec,
     k: &TensorSpec,
     v: &TensorSpec,
-    _key_padding_mask: &TensorSpec,
+    _mask: &TensorSpec,
     _out: &TensorSpec,
     _lse: &TensorSpec,
     _d_out: &TensorSpec,

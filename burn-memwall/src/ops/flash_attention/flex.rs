@@ -12,18 +12,12 @@ impl FlashAttentionBackend for Flex {
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        key_padding_mask: BoolTensor<Self>,
+        mask: BoolTensor<Self>,
         options: FlashAttentionOptions,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let dtype = q.dtype();
-        let (out, lse) = tiled::forward(
-            float(q),
-            float(k),
-            float(v),
-            Some(bool(key_padding_mask)),
-            options,
-        )
-        .unwrap_or_else(|error| panic!("{error}"));
+        let (out, lse) = tiled::forward(float(q), float(k), float(v), Some(bool(mask)), options)
+            .unwrap_or_else(|error| panic!("{error}"));
         (primitive(out, dtype), primitive(lse, DType::F32))
     }
 
@@ -31,7 +25,7 @@ impl FlashAttentionBackend for Flex {
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        key_padding_mask: BoolTensor<Self>,
+        mask: BoolTensor<Self>,
         out: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         d_out: FloatTensor<Self>,
@@ -42,7 +36,7 @@ impl FlashAttentionBackend for Flex {
             float(q),
             float(k),
             float(v),
-            Some(bool(key_padding_mask)),
+            Some(bool(mask)),
             float(out),
             float(lse),
             float(d_out),

@@ -89,15 +89,16 @@ pub enum FlashAttentionError {
     /// A head dimension above [`MAX_HEAD_DIM`].
     #[error("flash attention: head dims above {MAX_HEAD_DIM} are not supported ({0})")]
     HeadDimTooLarge(AttentionShapes),
-    /// The key padding mask is not `[batch, s_k]`.
+    /// The mask is not `[batch, s_q, s_k]`, nor broadcastable to it along batch or queries.
     #[error(
-        "flash attention: the key padding mask must be [batch, s_k] = {expected:?}, got {mask:?}"
+        "flash attention: the mask must be [batch or 1, s_q or 1, s_k] with [batch, s_q, s_k] \
+         = {expected:?}, got {mask:?}"
     )]
     Mask {
-        /// `[batch, s_k]`.
-        expected: [usize; 2],
+        /// `[batch, s_q, s_k]`.
+        expected: [usize; 3],
         /// The mask's shape.
-        mask: [usize; 2],
+        mask: [usize; 3],
     },
     /// A sliding window of 0 keys.
     #[error("flash attention: a sliding window must hold at least one key")]
@@ -111,26 +112,44 @@ pub enum FlashAttentionError {
 }
 
 /// Checks q `[batch, heads, s_q, d]`, k `[batch, kv_heads, s_k, d]`, v `[batch, kv_heads, s_k, d_v]`,
-/// the key padding mask `[batch, s_k]` and the options, naming the shapes that do not fit.
+/// the mask `[batch or 1, s_q or 1, s_k]` and the options, naming the shapes that do not fit.
 pub fn check_shapes(
     q: &Tensor<4>,
     k: &Tensor<4>,
     v: &Tensor<4>,
-    key_padding_mask: Option<&Tensor<2, Bool>>,
+    mask: Option<&Tensor<3, Bool>>,
     options: &FlashAttentionOptions,
 ) -> Result<(), FlashAttentionError> {
-    tiled::dims(q, k, v, key_padding_mask, options).map(|_| ())
+    tiled::dims(q, k, v, mask, options).map(|_| ())
 }
 
-/// Attention of q over k and v (grouped-query when `kv_heads < heads`). `key_padding_mask` is
-/// true for keys to ignore; a query that sees no key outputs zeros. Differentiable in q, k and
-/// v with a memory-lean backward.
+/// Whether `mask` `[batch or 1, s_q, s_k]` hides exactly what [`FlashAttentionOptions::causal`]
+/// hides, in every batch element: query `i` sees keys `j ≤ i + (s_k − s_q)`. Burn's
+/// `generate_autoregressive_mask` is such a mask. Attention given `causal` instead of the mask
+/// reads nothing per element and skips the hidden half by position. Reads one bool back from the
+/// device, so call it once per batch (a model's forward), not per layer.
+pub fn is_causal_mask(mask: &Tensor<3, Bool>) -> bool {
+    let [batch, s_q, s_k] = mask.dims();
+    let causal = Tensor::<2, Bool>::tril_mask([s_q, s_k], s_k as i64 - s_q as i64, &mask.device())
+        .unsqueeze_dim::<3>(0)
+        .expand([batch, s_q, s_k]);
+    mask.clone().equal(causal).all().into_scalar()
+}
+
+/// Attention of q over k and v (grouped-query when `kv_heads < heads`). `mask` is true where a
+/// query must not see a key, Burn's convention: Burn's `mask_attn` `[batch, s_q, s_k]` as it is,
+/// a key padding mask `[batch, s_k]` as `mask_pad.unsqueeze_dim(1)`, one mask for every batch
+/// element as `[1, s_q, s_k]`. It combines with the positional options (`causal`, `window`),
+/// which cost nothing to read: prefer them to a mask that only says the same ([`is_causal_mask`]
+/// tells). A query that sees
+/// no key outputs zeros. Key tiles that no query of a tile sees are skipped. Differentiable in
+/// q, k and v with a memory-lean backward; the mask is read, never differentiated.
 ///
 /// # Shapes
 /// - `q`: `[batch, heads, s_q, d]`
 /// - `k`: `[batch, kv_heads, s_k, d]`
 /// - `v`: `[batch, kv_heads, s_k, d_v]`
-/// - `key_padding_mask`: `[batch, s_k]`
+/// - `mask`: `[batch, s_q, s_k]`, `[batch, 1, s_k]`, `[1, s_q, s_k]` or `[1, 1, s_k]`
 /// - output: `[batch, heads, s_q, d_v]`
 ///
 /// # Panics
@@ -140,11 +159,10 @@ pub fn flash_attention(
     q: Tensor<4>,
     k: Tensor<4>,
     v: Tensor<4>,
-    key_padding_mask: Option<Tensor<2, Bool>>,
+    mask: Option<Tensor<3, Bool>>,
     options: FlashAttentionOptions,
 ) -> Tensor<4> {
-    try_flash_attention(q, k, v, key_padding_mask, options)
-        .unwrap_or_else(|error| panic!("{error}"))
+    try_flash_attention(q, k, v, mask, options).unwrap_or_else(|error| panic!("{error}"))
 }
 
 /// [`flash_attention`], returning shapes or options that do not fit as an error.
@@ -152,16 +170,13 @@ pub fn try_flash_attention(
     q: Tensor<4>,
     k: Tensor<4>,
     v: Tensor<4>,
-    key_padding_mask: Option<Tensor<2, Bool>>,
+    mask: Option<Tensor<3, Bool>>,
     options: FlashAttentionOptions,
 ) -> Result<Tensor<4>, FlashAttentionError> {
-    check_shapes(&q, &k, &v, key_padding_mask.as_ref(), &options)?;
-    let [batch, _, s_k, _] = k.dims();
-    let mask = key_padding_mask.unwrap_or_else(|| {
-        Tensor::from_data(
-            TensorData::new(vec![false; batch * s_k], [batch, s_k]),
-            &q.device(),
-        )
+    check_shapes(&q, &k, &v, mask.as_ref(), &options)?;
+    let s_k = k.dims()[2];
+    let mask = mask.unwrap_or_else(|| {
+        Tensor::from_data(TensorData::new(vec![false; s_k], [1, 1, s_k]), &q.device())
     });
     Ok(Tensor::from_dispatch(Dispatch::flash_attention(
         q.into_dispatch(),
@@ -178,16 +193,16 @@ pub fn try_flash_attention(
 /// Autodiff wires them together (`autodiff.rs`).
 #[backend_extension(Flex, Cube: cfg(feature = "cube"), Autodiff, Fusion: cfg(feature = "cube"))]
 pub trait FlashAttentionBackend: Backend {
-    /// See [`flash_attention`]; `key_padding_mask` is always given (all false for none).
+    /// See [`flash_attention`]; `mask` is always given (`[1, 1, s_k]`, all false, for none).
     #[fusion(default)]
     fn flash_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        key_padding_mask: BoolTensor<Self>,
+        mask: BoolTensor<Self>,
         options: FlashAttentionOptions,
     ) -> FloatTensor<Self> {
-        Self::flash_attention_forward(q, k, v, key_padding_mask, options).0
+        Self::flash_attention_forward(q, k, v, mask, options).0
     }
 
     /// The output and the log-sum-exp that [`FlashAttentionBackend::flash_attention_backward`]
@@ -197,7 +212,7 @@ pub trait FlashAttentionBackend: Backend {
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        key_padding_mask: BoolTensor<Self>,
+        mask: BoolTensor<Self>,
         options: FlashAttentionOptions,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
@@ -208,7 +223,7 @@ pub trait FlashAttentionBackend: Backend {
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        key_padding_mask: BoolTensor<Self>,
+        mask: BoolTensor<Self>,
         out: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         d_out: FloatTensor<Self>,

@@ -43,7 +43,7 @@ pub(super) fn dims(
     q: &Tensor<4>,
     k: &Tensor<4>,
     v: &Tensor<4>,
-    key_padding_mask: Option<&Tensor<2, Bool>>,
+    mask: Option<&Tensor<3, Bool>>,
     options: &FlashAttentionOptions,
 ) -> Result<Dims, FlashAttentionError> {
     let shapes = AttentionShapes {
@@ -72,13 +72,17 @@ pub(super) fn dims(
     if d > MAX_HEAD_DIM || d_v > MAX_HEAD_DIM {
         return Err(FlashAttentionError::HeadDimTooLarge(shapes));
     }
-    if let Some(mask) = key_padding_mask
-        && mask.dims() != [batch, s_k]
-    {
-        return Err(FlashAttentionError::Mask {
-            expected: [batch, s_k],
-            mask: mask.dims(),
-        });
+    if let Some(mask) = mask {
+        let [mask_batch, mask_queries, mask_keys] = mask.dims();
+        if ![1, batch].contains(&mask_batch)
+            || ![1, s_q].contains(&mask_queries)
+            || mask_keys != s_k
+        {
+            return Err(FlashAttentionError::Mask {
+                expected: [batch, s_q, s_k],
+                mask: mask.dims(),
+            });
+        }
     }
     if options.window == Some(0) {
         return Err(FlashAttentionError::EmptyWindow);
@@ -191,7 +195,7 @@ struct Plan {
     scale: f64,
     softcap: Option<f64>,
     visibility: Visibility,
-    key_padding_mask: Option<Tensor<2, Bool>>,
+    mask: Option<Tensor<3, Bool>>,
     device: Device,
     /// q's dtype, for the accumulators (not the device's default, which may differ).
     dtype: DType,
@@ -202,15 +206,15 @@ impl Plan {
         q: &Tensor<4>,
         k: &Tensor<4>,
         v: &Tensor<4>,
-        key_padding_mask: Option<Tensor<2, Bool>>,
+        mask: Option<Tensor<3, Bool>>,
         options: &FlashAttentionOptions,
     ) -> Result<Self, FlashAttentionError> {
-        let dims = dims(q, k, v, key_padding_mask.as_ref(), options)?;
+        let dims = dims(q, k, v, mask.as_ref(), options)?;
         Ok(Self {
             scale: options.scale.unwrap_or(1.0 / (dims.d as f64).sqrt()),
             softcap: options.softcap,
             visibility: Visibility::new(options, &dims),
-            key_padding_mask,
+            mask,
             device: q.device(),
             dtype: q.dtype(),
             dims,
@@ -244,25 +248,40 @@ impl Plan {
         }
     }
 
-    /// `[batch, heads, rows, keys]`, true where causal/window structure or padding hides a key.
-    fn hidden(&self, queries: &Tile, keys: &Tile) -> Tensor<4, Bool> {
+    /// `[batch, heads, rows, keys]`, true where the causal/window structure or the mask hides a
+    /// key; `None` when it hides every key of the tile, which is then skipped.
+    fn hidden(&self, queries: &Tile, keys: &Tile) -> Option<Tensor<4, Bool>> {
+        if !self.visibility.any(queries, keys) {
+            return None;
+        }
         let Dims { batch, heads, .. } = self.dims;
         let shape = [batch, 1, queries.len(), keys.len()];
         let structure = self
             .visibility
             .hidden(queries, keys, &self.device)
             .expand(shape);
-        let hidden = match &self.key_padding_mask {
+        let hidden = match &self.mask {
             Some(mask) => {
-                let padded =
-                    mask.clone()
-                        .slice([0..batch, keys.clone()])
-                        .reshape([batch, 1, 1, keys.len()]);
-                structure.bool_or(padded.expand(shape))
+                let [mask_batch, mask_queries, _] = mask.dims();
+                let rows = match mask_queries {
+                    1 => 0..1,
+                    _ => queries.clone(),
+                };
+                let tile = mask
+                    .clone()
+                    .slice([0..mask_batch, rows.clone(), keys.clone()]);
+                let hidden = structure.bool_or(
+                    tile.reshape([mask_batch, 1, rows.len(), keys.len()])
+                        .expand(shape),
+                );
+                if hidden.clone().all().into_scalar() {
+                    return None;
+                }
+                hidden
             }
             None => structure,
         };
-        hidden.expand([batch, heads, queries.len(), keys.len()])
+        Some(hidden.expand([batch, heads, queries.len(), keys.len()]))
     }
 }
 
@@ -274,10 +293,10 @@ pub(super) fn forward(
     q: Tensor<4>,
     k: Tensor<4>,
     v: Tensor<4>,
-    key_padding_mask: Option<Tensor<2, Bool>>,
+    mask: Option<Tensor<3, Bool>>,
     options: FlashAttentionOptions,
 ) -> Result<(Tensor<4>, Tensor<4>), FlashAttentionError> {
-    let plan = Plan::new(&q, &k, &v, key_padding_mask, &options)?;
+    let plan = Plan::new(&q, &k, &v, mask, &options)?;
     let Dims {
         batch,
         heads,
@@ -301,10 +320,13 @@ pub(super) fn forward(
         let mut max = Tensor::<4>::full([batch, heads, rows, 1], first_max, like);
         let mut sum = Tensor::<4>::full([batch, heads, rows, 1], first_sum, like);
         let mut acc = Tensor::<4>::zeros([batch, heads, rows, d_v], like);
-        for keys in tiles(s_k).filter(|keys| plan.visibility.any(&queries, keys)) {
+        for keys in tiles(s_k) {
+            let Some(hidden) = plan.hidden(&queries, &keys) else {
+                continue;
+            };
             let scores = plan
                 .scores(q_tile.clone(), plan.keys(&k, &keys))
-                .mask_fill(plan.hidden(&queries, &keys), f32::NEG_INFINITY);
+                .mask_fill(hidden, f32::NEG_INFINITY);
             let new_max = max.clone().max_pair(scores.clone().max_dim(3));
             // A row that has seen no key yet keeps max −∞; subtracting 0 instead keeps exp finite.
             let safe_max = new_max.clone().mask_fill(new_max.clone().is_inf(), 0.0);
@@ -331,13 +353,13 @@ pub(super) fn backward(
     q: Tensor<4>,
     k: Tensor<4>,
     v: Tensor<4>,
-    key_padding_mask: Option<Tensor<2, Bool>>,
+    mask: Option<Tensor<3, Bool>>,
     out: Tensor<4>,
     lse: Tensor<4>,
     d_out: Tensor<4>,
     options: FlashAttentionOptions,
 ) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>), FlashAttentionError> {
-    let plan = Plan::new(&q, &k, &v, key_padding_mask, &options)?;
+    let plan = Plan::new(&q, &k, &v, mask, &options)?;
     let Dims {
         batch,
         heads,
@@ -357,13 +379,16 @@ pub(super) fn backward(
         let (k_tile, v_tile) = (plan.keys(&k, &keys), plan.keys(&v, &keys));
         let mut dk_tile = Tensor::<4>::zeros([batch, heads, keys.len(), d], like);
         let mut dv_tile = Tensor::<4>::zeros([batch, heads, keys.len(), d_v], like);
-        for queries in tiles(s_q).filter(|queries| plan.visibility.any(queries, &keys)) {
+        for queries in tiles(s_q) {
+            let Some(hidden) = plan.hidden(&queries, &keys) else {
+                continue;
+            };
             let q_tile = plan.rows(&q, &queries);
             let do_tile = plan.rows(&d_out, &queries);
             let scores = plan.scores(q_tile.clone(), k_tile.clone());
             let probs = (scores.clone() - plan.rows(&lse, &queries))
                 .exp()
-                .mask_fill(plan.hidden(&queries, &keys), 0.0);
+                .mask_fill(hidden, 0.0);
             dv_tile = dv_tile + probs.clone().transpose().matmul(do_tile.clone());
             let mut d_scores = probs
                 * (do_tile.matmul(v_tile.clone().transpose()) - plan.rows(&row_dot, &queries));
