@@ -2,8 +2,11 @@
 //! autodiff attention, in one run: peak bytes above the inputs and median time, per sequence length.
 //!
 //! ```text
-//! cargo bench --bench flash_attention -- [--device flex|wgpu] [--seqs 512,1024,...] [--repeats 3] [--json out.json]
+//! cargo bench --bench flash_attention -- [--device flex|wgpu] [--seqs 512,1024,...] [--repeats 3] [--mask] [--json out.json]
 //! ```
+//!
+//! Causal attention, declared as an option; with `--mask`, given to both paths as a `[1, s, s]`
+//! boolean mask instead (made before the measured step, as a caller's mask is).
 //!
 //! Each (path, length) runs in its own child process, so no measurement inherits another's
 //! allocator state or device pools.
@@ -34,6 +37,9 @@ struct Args {
     heads: usize,
     #[arg(long, default_value_t = 64)]
     d: usize,
+    /// Causality as a boolean mask rather than an option.
+    #[arg(long)]
+    mask: bool,
 }
 
 #[derive(Serialize, Deserialize, Debug)]
@@ -43,6 +49,7 @@ struct Row {
     seq: usize,
     heads: usize,
     d: usize,
+    masked: bool,
     peak_bytes: u64,
     median_s: f64,
 }
@@ -94,7 +101,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     args.run.write_json(&rows)
 }
 
-/// Causal forward + backward of one path: the highest peak and the median time.
+/// Causal forward + backward of one path (by option or mask): the highest peak and the median
+/// time.
 fn measure(args: &Args, path: &str, seq: usize) -> Result<Row, Box<dyn std::error::Error>> {
     let device = DeviceChoice::from_arg_or_env(Some(&args.run.device))?.device()?;
     let shape = [1, args.heads, seq, args.d];
@@ -103,33 +111,37 @@ fn measure(args: &Args, path: &str, seq: usize) -> Result<Row, Box<dyn std::erro
     let autodiff = device.clone().autodiff();
     let [q, k, v, d_out] = [(); 4].map(|_| random(&autodiff));
     let (q, k, v) = (q.require_grad(), k.require_grad(), v.require_grad());
-    let attend: fn(Tensor<4>, Tensor<4>, Tensor<4>) -> Tensor<4> = match path {
-        "flash" => |q, k, v| {
-            flash_attention(
-                q,
-                k,
-                v,
-                None,
-                FlashAttentionOptions {
-                    causal: true,
-                    ..Default::default()
-                },
-            )
-        },
-        "burn" => |q, k, v| {
-            attention(
-                q,
-                k,
-                v,
-                None,
-                None,
-                AttentionModuleOptions {
-                    is_causal: true,
-                    ..Default::default()
-                },
-            )
-        },
-        other => return Err(format!("unknown path {other}").into()),
+    if !["flash", "burn"].contains(&path) {
+        return Err(format!("unknown path {path}").into());
+    }
+    let mask = args.mask.then(|| {
+        let mask = Tensor::<2, Bool>::tril_mask([seq, seq], 0, &autodiff).unsqueeze_dim::<3>(0);
+        mask.to_data(); // made now, not lazily inside the measured step
+        mask
+    });
+    let attend = |q, k, v| match path {
+        "flash" => flash_attention(
+            q,
+            k,
+            v,
+            mask.clone(),
+            FlashAttentionOptions {
+                causal: mask.is_none(),
+                ..Default::default()
+            },
+        ),
+        _ => attention(
+            q,
+            k,
+            v,
+            mask.clone()
+                .map(|mask| mask.unsqueeze_dim::<4>(1).expand([1, args.heads, seq, seq])),
+            None,
+            AttentionModuleOptions {
+                is_causal: mask.is_none(),
+                ..Default::default()
+            },
+        ),
     };
     let step = || {
         let grads = (attend(q.clone(), k.clone(), v.clone()) * d_out.clone())
@@ -144,6 +156,7 @@ fn measure(args: &Args, path: &str, seq: usize) -> Result<Row, Box<dyn std::erro
         seq,
         heads: args.heads,
         d: args.d,
+        masked: args.mask,
         peak_bytes: measured.peak_bytes,
         median_s: measured.median_s,
     })
