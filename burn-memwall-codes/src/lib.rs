@@ -1,16 +1,21 @@
-//! The bit formats of burn-memwall's quantised weights, each in one home that owns its
-//! constants, its encode and its decode, on the host and (feature `cube`) in the `#[cube]`
-//! helpers the kernels read them with:
+//! The bit formats of burn-memwall's quantised weights and the draws of its attention dropout,
+//! each in one home that owns its constants, its encode and its decode, on the host and
+//! (feature `cube`) in the `#[cube]` helpers the kernels read them with:
 //!
 //! - [`counter`]: the counter synapse's 6-bit code `(t, c)`, 16 codes per 3 `u32` words, and
 //!   its update rule (the reference the Flex path runs and the kernels mirror);
-//! - [`ternary`]: an exported ternary weight, 2 bits each, 16 per word.
+//! - [`ternary`]: an exported ternary weight, 2 bits each, 16 per word;
+//! - [`dropout`]: attention dropout's keep-mask, a pure function of (seed, batch, head, query,
+//!   key) that the backward regenerates;
+//! - [`hash`]: the counter-based hash both draw their random numbers from.
 //!
 //! [`PackedLayout`] names which of the two a packed weight row uses. This crate holds no Burn
 //! types and imports nothing of burn-memwall: the kernels and the ops both read from it.
 #![warn(missing_docs)]
 
 pub mod counter;
+pub mod dropout;
+pub mod hash;
 pub mod ternary;
 
 use counter::CounterCode;

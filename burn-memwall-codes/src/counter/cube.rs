@@ -4,8 +4,9 @@
 
 use cubecl::prelude::*;
 
-use super::{CODE_BITS, CODE_MASK, PCG_INCREMENT, PCG_MULTIPLIER, PCG_OUTPUT_MULTIPLIER};
+use super::{CODE_BITS, CODE_MASK};
 use super::{UNIFORM_BITS, UNIFORM_UNIT};
+use crate::hash::cube::pcg_hash;
 
 /// `2C − 1`: codes per value of the ternary ([`crate::counter::CounterCode::counter_states`]).
 #[cube]
@@ -62,13 +63,4 @@ pub fn set_code(codes: &mut Tensor<u32>, base: usize, i: u32, code: u32) {
 #[cube]
 pub fn keyed_uniform(key: u32, element: u32) -> f32 {
     f32::cast_from(pcg_hash(element ^ key) >> (32 - UNIFORM_BITS)) * UNIFORM_UNIT
-}
-
-/// The PCG-RXS-M-XS hash of one LCG step (`super::pcg_hash`; u32 arithmetic wraps on a
-/// device).
-#[cube]
-fn pcg_hash(input: u32) -> u32 {
-    let state = input * PCG_MULTIPLIER + PCG_INCREMENT;
-    let word = ((state >> ((state >> 28) + 4)) ^ state) * PCG_OUTPUT_MULTIPLIER;
-    (word >> 22) ^ word
 }

@@ -19,6 +19,8 @@ pub mod cube;
 #[cfg(test)]
 mod tests;
 
+use crate::hash::pcg_hash;
+
 /// Codes in one group of [`WORDS_PER_GROUP`] words.
 pub const CODES_PER_GROUP: usize = 16;
 /// Words of one group of [`CODES_PER_GROUP`] codes.
@@ -202,23 +204,6 @@ pub const UNIFORM_UNIT: f32 = 1.0 / (1u32 << UNIFORM_BITS) as f32;
 pub fn rounding_key(seed: u32, step: u32) -> u32 {
     pcg_hash(step ^ pcg_hash(seed))
 }
-
-/// The PCG-RXS-M-XS output permutation of one LCG step (Jarzynski & Olano, "Hash Functions for
-/// GPU Rendering", 2020): cheap, and good enough for stochastic rounding.
-fn pcg_hash(input: u32) -> u32 {
-    let state = input
-        .wrapping_mul(PCG_MULTIPLIER)
-        .wrapping_add(PCG_INCREMENT);
-    let word = ((state >> ((state >> 28) + 4)) ^ state).wrapping_mul(PCG_OUTPUT_MULTIPLIER);
-    (word >> 22) ^ word
-}
-
-/// The LCG step's multiplier in `pcg_hash`.
-pub const PCG_MULTIPLIER: u32 = 747_796_405;
-/// The LCG step's increment in `pcg_hash`.
-pub const PCG_INCREMENT: u32 = 2_891_336_453;
-/// The output permutation's multiplier in `pcg_hash`.
-pub const PCG_OUTPUT_MULTIPLIER: u32 = 277_803_737;
 
 /// The hyper-parameters of the counter update.
 #[derive(Clone, Copy, Debug, PartialEq)]
