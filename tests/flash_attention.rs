@@ -7,8 +7,8 @@ use burn::nn::attention::generate_autoregressive_mask;
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution, FloatDType};
 use burn_memwall::ops::flash_attention::{
-    self, AttentionShapes, FlashAttentionError, FlashAttentionOptions, flash_attention,
-    is_causal_mask, try_flash_attention,
+    self, AttentionDropout, AttentionShapes, FlashAttentionError, FlashAttentionOptions,
+    flash_attention, is_causal_mask, try_flash_attention,
 };
 
 #[derive(Clone, Debug)]
@@ -88,6 +88,14 @@ impl Case {
         self
     }
 
+    fn dropout(mut self, prob: f64) -> Self {
+        self.options.dropout = Some(AttentionDropout {
+            prob,
+            seed: 0x5eed_0000_0000_0007,
+        });
+        self
+    }
+
     /// The rule written out once more, independently of the op: may query `i` see key `j`?
     fn sees(&self, batch: usize, i: usize, j: usize) -> bool {
         let position = i as i64 + self.s_k as i64 - self.s_q as i64;
@@ -105,7 +113,8 @@ impl Case {
     }
 }
 
-/// Reference output of `case` on f64 tensors: explicit scores, mask and softmax.
+/// Reference output of `case` on f64 tensors: explicit scores, mask, softmax and dropout (its
+/// keep-mask regenerated from [`AttentionDropout::keeps`]).
 fn reference(case: &Case, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
     let device = q.device();
     let group = case.heads / case.kv_heads;
@@ -144,7 +153,22 @@ fn reference(case: &Case, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4>
         total = total + shift.neg().exp();
     }
     let safe_total = total.clone().mask_fill(total.equal_elem(0.0), 1.0);
-    (weights / safe_total).matmul(v)
+    let mut weights = weights / safe_total;
+    if let Some(dropout) = case.options.dropout {
+        let kept: Vec<f64> = (0..case.batch)
+            .flat_map(|b| (0..case.heads).map(move |h| (b, h)))
+            .flat_map(|(b, h)| (0..case.s_q).map(move |i| (b, h, i)))
+            .flat_map(|(b, h, i)| (0..case.s_k).map(move |j| (b, h, i, j)))
+            .map(|(b, h, i, j)| match dropout.keeps(b, h, i, j) {
+                true => 1.0 / (1.0 - dropout.prob),
+                false => 0.0,
+            })
+            .collect();
+        let shape = [case.batch, case.heads, case.s_q, case.s_k];
+        weights =
+            weights * Tensor::<4>::from_data(TensorData::new(kept, shape), (&device, DType::F64));
+    }
+    weights.matmul(v)
 }
 
 fn random(shape: [usize; 4], device: &Device) -> Tensor<4> {
@@ -261,7 +285,16 @@ fn matches_the_reference_on_odd_shapes_with_every_option() {
     cases.push(Case::new(2, 2, 2, 40, 67, 32).masked(2, 1));
     let mut quiet = Case::new(2, 2, 1, 150, 150, 32).masked(2, 150);
     quiet.options.quiet_softmax = true;
-    cases.push(quiet);
+    cases.push(quiet.clone());
+    // Dropout: over a mask shared by the batch, under causal with a KV cache's alignment and
+    // GQA; and with quiet softmax over a mask per query, with rows that see nothing.
+    cases.push(
+        Case::new(2, 4, 2, 70, 140, 32)
+            .causal()
+            .masked(1, 70)
+            .dropout(0.3),
+    );
+    cases.push(quiet.dropout(0.6));
 
     for device in common::devices() {
         for case in &cases {
@@ -365,6 +398,23 @@ fn bad_shapes_name_the_shapes() {
             },
             "scale must be finite, got NaN",
         ),
+        (
+            FlashAttentionOptions {
+                dropout: Some(AttentionDropout { prob: 1.0, seed: 0 }),
+                ..Default::default()
+            },
+            "dropout probability must be in [0, 1), got 1",
+        ),
+        (
+            FlashAttentionOptions {
+                dropout: Some(AttentionDropout {
+                    prob: f64::NAN,
+                    seed: 0,
+                }),
+                ..Default::default()
+            },
+            "got NaN",
+        ),
     ] {
         let message = flash_attention::check_shapes(&q, &q, &q, None, &options)
             .unwrap_err()
@@ -421,4 +471,33 @@ fn a_causal_mask_is_recognised() {
     let nothing_hidden =
         Tensor::<3, Bool>::from_data(TensorData::new(vec![false; 81], [1, 9, 9]), &device);
     assert!(!is_causal_mask(&nothing_hidden));
+}
+
+/// A dropout of 0 is no dropout, to the bit: output and gradients.
+#[test]
+fn a_dropout_of_zero_changes_nothing() {
+    common::seed_from_clock(&Device::flex());
+    for device in common::devices() {
+        let autodiff = device.clone().autodiff();
+        let shape = [2, 2, 50, 32];
+        let inputs = [0; 3].map(|_| random(shape, &autodiff));
+        let run = |dropout: Option<AttentionDropout>| {
+            let [q, k, v] = inputs.clone().map(|t| t.require_grad());
+            let options = FlashAttentionOptions {
+                causal: true,
+                dropout,
+                ..Default::default()
+            };
+            let out = flash_attention(q.clone(), k.clone(), v.clone(), None, options);
+            let grads = (out.clone() * out.clone()).sum().backward();
+            let mut all = vec![out.into_data()];
+            all.extend([q, k, v].map(|t| t.grad(&grads).unwrap().into_data()));
+            all
+        };
+        assert_eq!(
+            run(None),
+            run(Some(AttentionDropout { prob: 0.0, seed: 3 })),
+            "{device:?}"
+        );
+    }
 }

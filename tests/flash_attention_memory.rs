@@ -1,5 +1,6 @@
 //! Flash attention's memory claim: forward + backward grow linearly in the sequence length,
-//! where Burn's autodiff attention grows with its square; a mask is read where it lies.
+//! where Burn's autodiff attention grows with its square; a mask is read where it lies; dropout
+//! saves nothing per score.
 
 mod common;
 
@@ -8,7 +9,9 @@ use burn::tensor::Distribution;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn_memwall::memory::CountingAllocator;
-use burn_memwall::ops::flash_attention::{FlashAttentionOptions, flash_attention};
+use burn_memwall::ops::flash_attention::{
+    AttentionDropout, FlashAttentionOptions, flash_attention,
+};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -36,8 +39,13 @@ fn train_peak(
 }
 
 fn flash_peak(seq: usize, device: &Device) -> u64 {
+    dropout_flash_peak(seq, device, None)
+}
+
+fn dropout_flash_peak(seq: usize, device: &Device, dropout: Option<AttentionDropout>) -> u64 {
     let options = FlashAttentionOptions {
         causal: true,
+        dropout,
         ..Default::default()
     };
     train_peak(seq, device, |q, k, v| {
@@ -111,5 +119,25 @@ fn a_mask_is_read_where_it_lies() {
         masked <= unmasked + (SEQ * SEQ / 4) as u64,
         "the mask added {} bytes to the peak",
         masked.saturating_sub(unmasked)
+    );
+}
+
+/// Dropout's keep-mask is regenerated in backward, never saved: a step with dropout peaks within
+/// a few score tiles (`[heads, 64, 64]` f32, 128 KiB each here) of the step without, far below
+/// the one bit per score (1 MiB at 1024 tokens and 8 heads) that saving the mask would take.
+#[test]
+fn dropout_saves_nothing_per_score() {
+    let _turn = common::take_turn();
+    const SEQ: usize = 1024;
+    let device = Device::flex();
+    flash_peak(64, &device);
+    let plain = flash_peak(SEQ, &device);
+    let dropout = Some(AttentionDropout { prob: 0.1, seed: 1 });
+    let dropped = dropout_flash_peak(SEQ, &device, dropout);
+    eprintln!("flex: causal {plain}, with dropout {dropped}");
+    assert!(
+        dropped <= plain + (SEQ * SEQ / 2) as u64,
+        "dropout added {} bytes to the peak",
+        dropped.saturating_sub(plain)
     );
 }

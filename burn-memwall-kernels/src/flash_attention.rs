@@ -30,10 +30,17 @@
 //! The loops cover only the positions a tile's rows can see; within them, a key (or query) that
 //! the mask hides from all of a unit's rows costs that unit no dot product.
 //!
+//! Dropout (of the attention weights, as Burn's attention applies it): the forward drops a
+//! weight from the output but not from the softmax's sum; the backward regenerates the same
+//! keep-mask from the counter-based draw of `burn_memwall_codes::dropout` and scales `dP` by it.
+//! `delta = rowsum(dO ∘ O)` still equals `rowsum(P ∘ dP)`, so nothing more is saved.
+//!
 //! Every kernel takes the same [`AttentionArgs`]: the scalars of one attention, runtime and
 //! comptime together, so that a new option is one field rather than a parameter in each kernel.
 
 use cubecl::prelude::*;
+
+use burn_memwall_codes::dropout::cube::{keeps, pair_stream, row_stream};
 
 use crate::softcap::{soft_cap, soft_cap_slope};
 
@@ -56,6 +63,13 @@ pub struct AttentionArgs {
     pub offset: i32,
     /// How many keys back from its own position a query sees; 0 for no window.
     pub window: u32,
+    /// The dropout draw's folded seed (`burn_memwall_codes::dropout::DropoutDraw`); read only
+    /// with `dropout`, as are the next two.
+    pub dropout_seed: u32,
+    /// A key is kept when its draw is at least this.
+    pub dropout_threshold: u32,
+    /// `1 / (1 − p)`: what a kept weight is multiplied by.
+    pub dropout_scale: f32,
     /// Width of the q and k rows.
     #[cube(comptime)]
     pub d: usize,
@@ -75,6 +89,9 @@ pub struct AttentionArgs {
     /// and value 0.
     #[cube(comptime)]
     pub quiet: bool,
+    /// Whether the attention weights are dropped out.
+    #[cube(comptime)]
+    pub dropout: bool,
 }
 
 /// The score of a dot product `q · k`: scaled, then soft-capped when asked.
@@ -87,6 +104,46 @@ fn score(dot: f32, args: &AttentionArgs) -> f32 {
 #[cube]
 fn score_slope(score: f32, args: &AttentionArgs) -> f32 {
     soft_cap_slope(score, args.softcap, args.softcapped.comptime())
+}
+
+/// The dropout streams of this unit's query rows of head `head` of batch element `batch`; not
+/// drawn without dropout.
+#[cube]
+fn row_streams(
+    tile: &Tile,
+    batch: usize,
+    head: usize,
+    args: &AttentionArgs,
+    #[comptime] rows: usize,
+) -> Array<u32> {
+    let mut streams = Array::<u32>::new(rows);
+    if args.dropout.comptime() {
+        let pair = pair_stream(
+            args.dropout_seed,
+            u32::cast_from(batch),
+            u32::cast_from(head),
+        );
+        #[unroll]
+        for r in 0..rows {
+            streams[r] = row_stream(pair, u32::cast_from(unit_row(tile, r)));
+        }
+    }
+    streams
+}
+
+/// What dropout multiplies the weight of key `key` by in the row of `stream`: `1 / (1 − p)`
+/// where it keeps the key, 0 where it drops it, 1 without dropout.
+#[cube]
+fn kept(stream: u32, key: usize, args: &AttentionArgs) -> f32 {
+    let mut factor = 1.0f32;
+    if args.dropout.comptime() {
+        factor = select(
+            keeps(stream, u32::cast_from(key), args.dropout_threshold),
+            args.dropout_scale,
+            0.0f32,
+        );
+    }
+    factor
 }
 
 /// First key that query `query` sees.
@@ -247,8 +304,9 @@ fn store_rows<F: Float>(
     }
 }
 
-/// `shown[r]` = 1 where this unit's row `r` sees key `key` (by position and by the mask), else
-/// 0; returns whether any does.
+/// `shown[r]` = 1 where this unit's row `r` and `other` see each other (by position and by the
+/// mask), else 0; returns whether any does. The rows are queries and `other` a key, or with
+/// `rows_are_keys` the other way round.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn shown_to_rows<M: Numeric>(
@@ -256,15 +314,21 @@ fn shown_to_rows<M: Numeric>(
     tile: &Tile,
     hidden: &Tensor<M>,
     batch: usize,
-    key: usize,
+    other: usize,
     s_k: usize,
     args: &AttentionArgs,
     #[comptime] rows: usize,
+    #[comptime] rows_are_keys: bool,
 ) -> bool {
     let mut any_shown = false;
     #[unroll]
     for r in 0..rows {
-        let query = unit_row(tile, r);
+        let mut query = unit_row(tile, r);
+        let mut key = other;
+        if rows_are_keys {
+            key = query;
+            query = other;
+        }
         let visible = sees(query, key, s_k, args) && mask_shows(hidden, batch, query, key);
         shown[r] = select(visible, 1.0f32, 0.0f32);
         any_shown = any_shown || visible;
@@ -357,10 +421,11 @@ pub fn flash_attention_forward_kernel<F: Float, M: Numeric>(
         max = filled(0.0f32, rows);
         sum = filled(1.0f32, rows);
     }
+    let streams = row_streams(&tile, batch, head, args, rows);
     let mut p = Array::<f32>::new(rows);
     let mut shown = Array::<f32>::new(rows);
     for j in first_key(tile.first, args)..end_key(tile.last, s_k, args) {
-        if shown_to_rows(&mut shown, &tile, hidden, batch, j, s_k, args, rows) {
+        if shown_to_rows(&mut shown, &tile, hidden, batch, j, s_k, args, rows, false) {
             dots(&q_rows, k, row_at(k, batch, kv_head, j), &mut p, d, rows);
             #[unroll]
             for r in 0..rows {
@@ -377,6 +442,7 @@ pub fn flash_attention_forward_kernel<F: Float, M: Numeric>(
                 }
                 p[r] = select(visible, (s - max[r]).exp(), 0.0f32);
                 sum[r] += p[r];
+                p[r] *= kept(streams[r], j, args);
             }
             add_outer(&mut acc, &p, v, row_at(v, batch, kv_head, j), d_v, rows);
         }
@@ -438,12 +504,13 @@ pub fn flash_attention_query_grad_kernel<F: Float, M: Numeric>(
         row_lse[r] = lse[tile.pair * tile.len + unit_row(&tile, r)];
     }
 
+    let streams = row_streams(&tile, batch, head, args, rows);
     let mut dq_acc = filled(0.0f32, rows * d);
     let mut ds = Array::<f32>::new(rows);
     let mut dp = Array::<f32>::new(rows);
     let mut shown = Array::<f32>::new(rows);
     for j in first_key(tile.first, args)..end_key(tile.last, s_k, args) {
-        if shown_to_rows(&mut shown, &tile, hidden, batch, j, s_k, args, rows) {
+        if shown_to_rows(&mut shown, &tile, hidden, batch, j, s_k, args, rows, false) {
             let k_at = row_at(k, batch, kv_head, j);
             dots(&q_rows, k, k_at, &mut ds, d, rows);
             dots(
@@ -458,7 +525,8 @@ pub fn flash_attention_query_grad_kernel<F: Float, M: Numeric>(
             for r in 0..rows {
                 let s = score(ds[r], args);
                 let p = select(shown[r] > 0.0f32, (s - row_lse[r]).exp(), 0.0f32);
-                ds[r] = p * (dp[r] - row_delta[r]) * score_slope(s, args);
+                ds[r] =
+                    p * (dp[r] * kept(streams[r], j, args) - row_delta[r]) * score_slope(s, args);
             }
             add_outer(&mut dq_acc, &ds, k, k_at, d, rows);
         }
@@ -511,25 +579,25 @@ pub fn flash_attention_key_grad_kernel<F: Float, M: Numeric>(
     #[unroll]
     for g in 0..group {
         let head = kv_head * group + g;
+        let pair = pair_stream(
+            args.dropout_seed,
+            u32::cast_from(batch),
+            u32::cast_from(head),
+        );
         for i in queries_first..queries_end {
-            let mut any_shown = false;
-            #[unroll]
-            for r in 0..rows {
-                let key = unit_row(&tile, r);
-                let visible = sees(i, key, s_k, args) && mask_shows(hidden, batch, i, key);
-                shown[r] = select(visible, 1.0f32, 0.0f32);
-                any_shown = any_shown || visible;
-            }
-            if any_shown {
+            if shown_to_rows(&mut shown, &tile, hidden, batch, i, s_k, args, rows, true) {
                 let query = (batch * heads + head) * s_q + i;
                 let (q_at, d_out_at) = (row_at(q, batch, head, i), row_at(d_out, batch, head, i));
                 dots(&k_rows, q, q_at, &mut p, d, rows);
                 dots(&v_rows, d_out, d_out_at, &mut ds, d_v, rows);
+                let stream = row_stream(pair, u32::cast_from(i));
                 #[unroll]
                 for r in 0..rows {
                     let s = score(p[r], args);
                     p[r] = select(shown[r] > 0.0f32, (s - lse[query]).exp(), 0.0f32);
-                    ds[r] = p[r] * (ds[r] - delta[query]) * score_slope(s, args);
+                    let kept = kept(stream, unit_row(&tile, r), args);
+                    ds[r] = p[r] * (ds[r] * kept - delta[query]) * score_slope(s, args);
+                    p[r] *= kept;
                 }
                 add_outer(&mut dv_acc, &p, d_out, d_out_at, d_v, rows);
                 add_outer(&mut dk_acc, &ds, q, q_at, d, rows);

@@ -8,6 +8,7 @@ use burn_cubecl::cubecl::{CubeDim, prelude::CubeCount};
 use burn_cubecl::kernel::untile;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::{CubeBackend, tensor::CubeTensor};
+use burn_memwall_codes::dropout::DropoutDraw;
 use burn_memwall_kernels::flash_attention::{
     AttentionArgsLaunch, flash_attention_forward_kernel, flash_attention_key_grad_kernel,
     flash_attention_query_grad_kernel,
@@ -33,6 +34,7 @@ struct Launch {
     causal: bool,
     softcapped: bool,
     quiet: bool,
+    dropout: Option<(DropoutDraw, f32)>,
 }
 
 impl Launch {
@@ -68,22 +70,30 @@ impl Launch {
             causal: options.causal || options.window.is_some(),
             softcapped: options.softcap.is_some(),
             quiet: options.quiet_softmax,
+            dropout: options
+                .dropout
+                .map(|dropout| (dropout.draw(), dropout.scale())),
         }
     }
 
     /// The kernels' arguments, for units owning `rows` rows each.
     fn args(&self, rows: usize) -> AttentionArgsLaunch {
+        let (draw, dropout_scale) = self.dropout.unwrap_or((DropoutDraw::new(0.0, 0), 1.0));
         AttentionArgsLaunch::new(
             self.scale,
             self.softcap,
             self.offset,
             self.window,
+            draw.seed,
+            draw.threshold,
+            dropout_scale,
             self.d,
             self.d_v,
             rows,
             self.causal,
             self.softcapped,
             self.quiet,
+            self.dropout.is_some(),
         )
     }
 }

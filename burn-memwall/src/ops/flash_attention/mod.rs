@@ -22,6 +22,8 @@ mod tiled;
 use burn::backend::tensor::{BoolTensor, FloatTensor};
 use burn::backend::{Backend, Dispatch, backend_extension};
 use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn_memwall_codes::dropout::DropoutDraw;
 
 /// What to attend to and how.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
@@ -39,6 +41,56 @@ pub struct FlashAttentionOptions {
     /// `exp(s_j) / (1 + Σ_k exp(s_k))`, which lets a row attend to nothing. A row that sees no
     /// key outputs zeros either way.
     pub quiet_softmax: bool,
+    /// Dropout of the attention weights after the softmax, as Burn's `MultiHeadAttention`
+    /// applies its `Dropout`; regenerated in the backward pass from its seed, never saved.
+    pub dropout: Option<AttentionDropout>,
+}
+
+/// Attention dropout: each attention weight is zeroed with probability `prob` and the others
+/// are multiplied by `1 / (1 − prob)`. Which weights are dropped is a pure function of
+/// `(seed, batch, head, query, key)` ([`AttentionDropout::keeps`]), the same on every backend;
+/// give each step (and each layer) its own seed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionDropout {
+    /// The probability of dropping a weight, in `[0, 1)`; 0 is no dropout.
+    pub prob: f64,
+    /// Chooses the weights dropped.
+    pub seed: u64,
+}
+
+impl AttentionDropout {
+    /// Dropout of probability `prob` with a seed drawn from `device`'s generator, the one
+    /// Burn's own `Dropout` draws from (`Device::seed` makes it repeatable). Reads the seed back
+    /// from the device: once per layer and forward.
+    pub fn seeded_by(device: &Device, prob: f64) -> Self {
+        // Four draws of 16 bits: an `Int` tensor may hold only an i32.
+        let quarters = Tensor::<1, Int>::random([4], Distribution::Uniform(0.0, 65536.0), device);
+        let seed = quarters
+            .into_data()
+            .iter::<i64>()
+            .fold(0u64, |seed, quarter| {
+                (seed << 16) | (quarter as u64 & 0xffff)
+            });
+        Self { prob, seed }
+    }
+
+    /// Whether the weight of key `key` for query `query` of head `head` of batch element
+    /// `batch` is kept: the mask that [`flash_attention`] applies, for inspecting it or
+    /// reproducing it elsewhere.
+    pub fn keeps(&self, batch: usize, head: usize, query: usize, key: usize) -> bool {
+        let draw = self.draw();
+        let stream = draw.row_stream(batch as u32, head as u32, query as u32);
+        draw.keeps(stream, key as u32)
+    }
+
+    fn draw(&self) -> DropoutDraw {
+        DropoutDraw::new(self.prob, self.seed)
+    }
+
+    /// What a kept weight is multiplied by.
+    fn scale(&self) -> f32 {
+        (1.0 / (1.0 - self.prob)) as f32
+    }
 }
 
 /// The largest head dimension (of q and k, or of v) the kernels hold in registers.
@@ -109,6 +161,9 @@ pub enum FlashAttentionError {
     /// A scale that is not finite.
     #[error("flash attention: scale must be finite, got {0}")]
     Scale(f64),
+    /// A dropout probability outside `[0, 1)`.
+    #[error("flash attention: the dropout probability must be in [0, 1), got {0}")]
+    Dropout(f64),
 }
 
 /// Checks q `[batch, heads, s_q, d]`, k `[batch, kv_heads, s_k, d]`, v `[batch, kv_heads, s_k, d_v]`,
@@ -174,6 +229,11 @@ pub fn try_flash_attention(
     options: FlashAttentionOptions,
 ) -> Result<Tensor<4>, FlashAttentionError> {
     check_shapes(&q, &k, &v, mask.as_ref(), &options)?;
+    // A dropout of 0 is no dropout, exactly and at no cost.
+    let options = FlashAttentionOptions {
+        dropout: options.dropout.filter(|dropout| dropout.prob > 0.0),
+        ..options
+    };
     let s_k = k.dims()[2];
     let mask = mask.unwrap_or_else(|| {
         Tensor::from_data(TensorData::new(vec![false; s_k], [1, 1, s_k]), &q.device())

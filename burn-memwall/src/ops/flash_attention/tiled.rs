@@ -8,7 +8,9 @@
 use burn::prelude::*;
 use burn::tensor::DType;
 
-use super::{AttentionShapes, FlashAttentionError, FlashAttentionOptions, MAX_HEAD_DIM};
+use super::{
+    AttentionDropout, AttentionShapes, FlashAttentionError, FlashAttentionOptions, MAX_HEAD_DIM,
+};
 
 /// Rows and columns of one score tile.
 const TILE: usize = 64;
@@ -97,6 +99,11 @@ pub(super) fn dims(
         && !scale.is_finite()
     {
         return Err(FlashAttentionError::Scale(scale));
+    }
+    if let Some(dropout) = options.dropout
+        && !(0.0..1.0).contains(&dropout.prob)
+    {
+        return Err(FlashAttentionError::Dropout(dropout.prob));
     }
     Ok(Dims {
         batch,
@@ -196,6 +203,7 @@ struct Plan {
     softcap: Option<f64>,
     visibility: Visibility,
     mask: Option<Tensor<3, Bool>>,
+    dropout: Option<AttentionDropout>,
     device: Device,
     /// q's dtype, for the accumulators (not the device's default, which may differ).
     dtype: DType,
@@ -210,11 +218,14 @@ impl Plan {
         options: &FlashAttentionOptions,
     ) -> Result<Self, FlashAttentionError> {
         let dims = dims(q, k, v, mask.as_ref(), options)?;
+        // Checked once here rather than per tile: the mask of a call without one hides nothing.
+        let mask = mask.filter(|mask| mask.clone().any().into_scalar());
         Ok(Self {
             scale: options.scale.unwrap_or(1.0 / (dims.d as f64).sqrt()),
             softcap: options.softcap,
             visibility: Visibility::new(options, &dims),
             mask,
+            dropout: options.dropout,
             device: q.device(),
             dtype: q.dtype(),
             dims,
@@ -283,6 +294,39 @@ impl Plan {
         };
         Some(hidden.expand([batch, heads, queries.len(), keys.len()]))
     }
+
+    /// `[batch, heads, rows, keys]`: what dropout multiplies each weight of the tile by
+    /// (`1 / (1 − p)` or 0, drawn as the kernels draw it); `None` without dropout.
+    fn kept(&self, queries: &Tile, keys: &Tile) -> Option<Tensor<4>> {
+        let dropout = self.dropout?;
+        let Dims { batch, heads, .. } = self.dims;
+        let (draw, scale) = (dropout.draw(), dropout.scale());
+        let mut factors = Vec::with_capacity(batch * heads * queries.len() * keys.len());
+        for b in 0..batch {
+            for h in 0..heads {
+                for i in queries.clone() {
+                    let stream = draw.row_stream(b as u32, h as u32, i as u32);
+                    factors.extend(keys.clone().map(|j| match draw.keeps(stream, j as u32) {
+                        true => scale,
+                        false => 0.0,
+                    }));
+                }
+            }
+        }
+        let shape = [batch, heads, queries.len(), keys.len()];
+        Some(Tensor::from_data(
+            TensorData::new(factors, shape),
+            (&self.device, self.dtype),
+        ))
+    }
+}
+
+/// `weights ∘ kept`: the weights dropout leaves, or all of them.
+fn dropped(weights: Tensor<4>, kept: &Option<Tensor<4>>) -> Tensor<4> {
+    match kept {
+        Some(kept) => weights * kept.clone(),
+        None => weights,
+    }
 }
 
 /// Output `[batch, heads, s_q, d_v]` and log-sum-exp `[batch, heads, s_q, 1]` of each query row
@@ -332,8 +376,10 @@ pub(super) fn forward(
             let safe_max = new_max.clone().mask_fill(new_max.clone().is_inf(), 0.0);
             let probs = (scores - safe_max.clone()).exp();
             let rescale = (max - safe_max).exp();
+            // Dropout leaves the softmax's sum whole and drops weights from the output only.
             sum = sum * rescale.clone() + probs.clone().sum_dim(3);
-            acc = acc * rescale + probs.matmul(plan.keys(&v, &keys));
+            let weights = dropped(probs, &plan.kept(&queries, &keys));
+            acc = acc * rescale + weights.matmul(plan.keys(&v, &keys));
             max = new_max;
         }
         let empty = sum.clone().equal_elem(0.0);
@@ -347,7 +393,9 @@ pub(super) fn forward(
 
 /// Gradients `(dq, dk, dv)` of `sum(out ∘ d_out)`, from the forward's output and log-sum-exp:
 /// `D = rowsum(dO ∘ O)`, and per tile `P = exp(S − lse)`, `dV += Pᵀ dO`, `dS = P ∘ (dO Vᵀ − D)`,
-/// `dQ += dS K · scale`, `dK += dSᵀ Q · scale` (with the soft-cap's `1 − tanh²` in `dS`).
+/// `dQ += dS K · scale`, `dK += dSᵀ Q · scale` (with the soft-cap's `1 − tanh²` in `dS`). With
+/// dropout's factors `Z`, `dV += (P ∘ Z)ᵀ dO` and `dS = P ∘ (dO Vᵀ ∘ Z − D)`: `D` is still
+/// `rowsum(P ∘ Z ∘ dO Vᵀ)`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn backward(
     q: Tensor<4>,
@@ -389,9 +437,11 @@ pub(super) fn backward(
             let probs = (scores.clone() - plan.rows(&lse, &queries))
                 .exp()
                 .mask_fill(hidden, 0.0);
-            dv_tile = dv_tile + probs.clone().transpose().matmul(do_tile.clone());
-            let mut d_scores = probs
-                * (do_tile.matmul(v_tile.clone().transpose()) - plan.rows(&row_dot, &queries));
+            let kept = plan.kept(&queries, &keys);
+            let weights = dropped(probs.clone(), &kept);
+            dv_tile = dv_tile + weights.transpose().matmul(do_tile.clone());
+            let d_weights = dropped(do_tile.matmul(v_tile.clone().transpose()), &kept);
+            let mut d_scores = probs * (d_weights - plan.rows(&row_dot, &queries));
             if let Some(cap) = plan.softcap {
                 d_scores = d_scores * ((scores / cap).powi_scalar(2).neg() + 1.0);
             }
