@@ -1,21 +1,55 @@
-//! `FlashMultiHeadAttention` against Burn's `MultiHeadAttention` holding the same weights:
-//! context and every gradient (input and the four linears), with and without key padding and
-//! an attention mask.
+//! The flash layers against Burn's holding the same weights: `FlashMultiHeadAttention`,
+//! `FlashTransformerEncoder` and `FlashTransformerDecoder` against `MultiHeadAttention`,
+//! `TransformerEncoder` and `TransformerDecoder`: output and every gradient, with and without
+//! key padding and an attention mask.
 
 mod common;
 
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::nn::attention::{
     MhaInput, MultiHeadAttention, MultiHeadAttentionConfig, generate_autoregressive_mask,
 };
+use burn::nn::transformer::{
+    TransformerDecoder, TransformerDecoderConfig, TransformerDecoderInput, TransformerEncoder,
+    TransformerEncoderConfig, TransformerEncoderInput,
+};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn_memwall::nn::{FlashMhaError, FlashMhaInput, FlashMultiHeadAttention};
+use burn_memwall::nn::{
+    FlashMhaInput, FlashMultiHeadAttention, FlashTransformerDecoder, FlashTransformerDecoderInput,
+    FlashTransformerEncoder, FlashTransformerEncoderInput,
+};
 
 const D_MODEL: usize = 48;
 const HEADS: usize = 3;
 
 fn config() -> MultiHeadAttentionConfig {
     MultiHeadAttentionConfig::new(D_MODEL, HEADS).with_dropout(0.0)
+}
+
+fn normal(shape: [usize; 3], device: &Device) -> Tensor<3> {
+    Tensor::random(shape, Distribution::Normal(0.0, 1.0), device)
+}
+
+/// `[batch, seq]`, the last `padded` tokens of the last batch element hidden.
+fn padding(batch: usize, seq: usize, padded: usize, device: &Device) -> Tensor<2, Bool> {
+    let hidden: Vec<bool> = (0..batch)
+        .flat_map(|b| (0..seq).map(move |j| b == batch - 1 && j >= seq - padded))
+        .collect();
+    Tensor::from_data(TensorData::new(hidden, [batch, seq]), device)
+}
+
+/// Moves every parameter off its initial value, so that layers initialised alike (every
+/// layer norm starts as the identity) can no longer stand in for each other.
+struct Perturb;
+
+impl ModuleMapper for Perturb {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        param.map(|t| {
+            let shift = t.random_like(Distribution::Normal(0.0, 0.3));
+            (t + shift).detach().require_grad()
+        })
+    }
 }
 
 /// A tensor's values on the host.
@@ -62,24 +96,11 @@ fn check(device: &Device, masks: Masks, quiet: bool) {
     let autodiff = device.clone().autodiff();
     let (batch, seq) = (2, 37);
     let burn_mha: MultiHeadAttention = config().with_quiet_softmax(quiet).init(&autodiff);
-    let flash = FlashMultiHeadAttention::try_from(burn_mha.clone()).expect("dropout is 0");
-    let x = Tensor::<3>::random(
-        [batch, seq, D_MODEL],
-        Distribution::Normal(0.0, 1.0),
-        &autodiff,
-    );
-    let d_out = Tensor::<3>::random(
-        [batch, seq, D_MODEL],
-        Distribution::Normal(0.0, 1.0),
-        &autodiff,
-    );
+    let flash = FlashMultiHeadAttention::from(burn_mha.clone());
+    let x = normal([batch, seq, D_MODEL], &autodiff);
+    let d_out = normal([batch, seq, D_MODEL], &autodiff);
     // The second element's last 12 keys are padding; every query still sees a key.
-    let mask = masks.padded.then(|| {
-        let hidden: Vec<bool> = (0..batch)
-            .flat_map(|b| (0..seq).map(move |j| b == 1 && j >= seq - 12))
-            .collect();
-        Tensor::<2, Bool>::from_data(TensorData::new(hidden, [batch, seq]), &autodiff)
-    });
+    let mask = masks.padded.then(|| padding(batch, seq, 12, &autodiff));
     // Burn's autoregressive mask (a broadcast view), and a scattered pattern on top of it that
     // differs between the batch elements; key 0 stays visible, so every query sees a key.
     let mask_attn = masks.attn.then(|| {
@@ -146,7 +167,7 @@ fn matches_burns_multi_head_attention_with_the_same_weights() {
 #[test]
 fn causal_input_hides_later_tokens() {
     let device = Device::flex();
-    let flash = FlashMultiHeadAttention::new(&config(), &device).unwrap();
+    let flash = FlashMultiHeadAttention::new(&config(), &device);
     let x = Tensor::<3>::random([1, 9, D_MODEL], Distribution::Normal(0.0, 1.0), &device);
     let mut changed = x.clone();
     changed = changed.slice_assign(
@@ -177,7 +198,7 @@ fn causal_input_hides_later_tokens() {
 fn a_window_forgets_tokens_that_slid_out() {
     let device = Device::flex();
     let (seq, window) = (12, 4);
-    let flash = FlashMultiHeadAttention::new(&config(), &device).unwrap();
+    let flash = FlashMultiHeadAttention::new(&config(), &device);
     let x = Tensor::<3>::random([1, seq, D_MODEL], Distribution::Normal(0.0, 1.0), &device);
     let changed = x.clone().slice_assign(
         [0..1, 0..1, 0..D_MODEL],
@@ -198,11 +219,208 @@ fn a_window_forgets_tokens_that_slid_out() {
     assert_ne!(rows(x, 0..window), rows(changed, 0..window));
 }
 
+/// Dropout as Burn's layer applies it: only when training on an autodiff device, the same
+/// share of weights, and repeatable from the device's seed.
 #[test]
-fn refuses_what_it_cannot_compute() {
+fn drops_attention_weights_when_training() {
     let device = Device::flex();
-    let with_dropout = MultiHeadAttentionConfig::new(D_MODEL, HEADS).init(&device);
-    let error = FlashMultiHeadAttention::try_from(with_dropout).unwrap_err();
-    assert_eq!(error, FlashMhaError::WeightDropout { prob: 0.1 });
-    assert!(error.to_string().contains("set the config's dropout to 0"));
+    let autodiff = device.clone().autodiff();
+    let prob = 0.3;
+    let burn_mha: MultiHeadAttention = config().with_dropout(prob).init(&autodiff);
+    let flash = FlashMultiHeadAttention::from(burn_mha.clone());
+    let mut without = FlashMultiHeadAttention::from(burn_mha.clone());
+    without.dropout.prob = 0.0;
+    let x = Tensor::<3>::random([2, 40, D_MODEL], Distribution::Normal(0.0, 1.0), &device);
+    let context = |layer: &FlashMultiHeadAttention, seed: u64| {
+        autodiff.seed(seed);
+        let input = FlashMhaInput::self_attn(Tensor::from_data(x.to_data(), &autodiff)).causal();
+        host(layer.forward(input))
+    };
+
+    let dropped = context(&flash, 5);
+    assert_eq!(
+        dropped,
+        context(&flash, 5),
+        "the device's seed repeats the draw"
+    );
+    assert_ne!(dropped, context(&flash, 6), "another seed, another draw");
+    let whole = context(&without, 5);
+    let changed = dropped.iter().zip(&whole).filter(|(a, b)| a != b).count();
+    assert!(
+        changed > dropped.len() / 2,
+        "dropout changes the context ({changed} of {} values)",
+        dropped.len()
+    );
+
+    // Outside autodiff nothing is dropped, as by Burn's `Dropout`: Burn's layer, dropout and
+    // all, gives the same context.
+    let burn_mha = burn_mha.valid();
+    let input = || FlashMhaInput::self_attn(x.clone()).causal();
+    let mask = generate_autoregressive_mask(2, 40, &device);
+    assert_close(
+        "inference context",
+        &host(FlashMultiHeadAttention::from(burn_mha.clone()).forward(input())),
+        &host(
+            burn_mha
+                .forward(MhaInput::self_attn(x.clone()).mask_attn(mask))
+                .context,
+        ),
+    );
+}
+
+/// Every parameter's gradient by its path in the module.
+struct GradsByPath<'a> {
+    grads: &'a burn::tensor::Gradients,
+    out: Vec<(String, Vec<f32>)>,
+}
+
+impl ModuleVisitor for GradsByPath<'_> {
+    fn visit_float_with_path<const D: usize>(
+        &mut self,
+        path: &[String],
+        _id: ParamId,
+        tensor: &Tensor<D>,
+    ) {
+        let grad = tensor.grad(self.grads).expect("every parameter is used");
+        self.out.push((path.join("."), host(grad)));
+    }
+}
+
+fn grads_by_path<M: Module>(
+    module: &M,
+    grads: &burn::tensor::Gradients,
+) -> Vec<(String, Vec<f32>)> {
+    let mut visitor = GradsByPath {
+        grads,
+        out: Vec::new(),
+    };
+    module.visit(&mut visitor);
+    visitor.out
+}
+
+/// The gradients of both modules' parameters: the same paths (so records load into either), and
+/// at each path the same values.
+fn assert_same_parameter_gradients<M: Module, N: Module>(
+    label: &dyn Fn(&str) -> String,
+    flash: &M,
+    flash_grads: &burn::tensor::Gradients,
+    burn: &N,
+    burn_grads: &burn::tensor::Gradients,
+) {
+    let got = grads_by_path(flash, flash_grads);
+    let want = grads_by_path(burn, burn_grads);
+    assert_eq!(
+        got.iter().map(|(path, _)| path).collect::<Vec<_>>(),
+        want.iter().map(|(path, _)| path).collect::<Vec<_>>(),
+        "the same parameters under the same paths"
+    );
+    for ((path, got), (_, want)) in got.iter().zip(&want) {
+        assert_close(&label(path), got, want);
+    }
+}
+
+/// Burn's encoder and the flash one converted from it: the same output and gradients (input
+/// and every parameter), post- and pre-norm, with Burn's autoregressive mask and padding, and
+/// with quiet softmax.
+#[test]
+fn the_encoder_matches_burns_with_the_same_weights() {
+    let (batch, seq) = (2, 29);
+    for device in common::devices() {
+        let autodiff = device.clone().autodiff();
+        for (norm_first, quiet) in [(false, false), (true, true)] {
+            let config = TransformerEncoderConfig::new(D_MODEL, 2 * D_MODEL, HEADS, 2)
+                .with_dropout(0.0)
+                .with_norm_first(norm_first)
+                .with_quiet_softmax(quiet);
+            let burn_encoder: TransformerEncoder = config.init(&autodiff).map(&mut Perturb);
+            let flash = FlashTransformerEncoder::from(burn_encoder.clone());
+            let x = normal([batch, seq, D_MODEL], &autodiff);
+            let d_out = normal([batch, seq, D_MODEL], &autodiff);
+            let pad = padding(batch, seq, 7, &autodiff);
+            let causal = generate_autoregressive_mask(batch, seq, &autodiff);
+
+            let x_burn = x.clone().require_grad();
+            let want = burn_encoder.forward(
+                TransformerEncoderInput::new(x_burn.clone())
+                    .mask_pad(pad.clone())
+                    .mask_attn(causal.clone()),
+            );
+            let x_flash = x.require_grad();
+            let got = flash.forward(
+                FlashTransformerEncoderInput::new(x_flash.clone())
+                    .mask_pad(pad)
+                    .mask_attn(causal),
+            );
+            let label = |name: &str| {
+                format!("encoder {name} (norm_first {norm_first}, quiet {quiet}, {device:?})")
+            };
+            assert_close(&label("output"), &host(got.clone()), &host(want.clone()));
+            let want_grads = (want * d_out.clone()).sum().backward();
+            let got_grads = (got * d_out).sum().backward();
+            assert_close(
+                &label("dx"),
+                &host(x_flash.grad(&got_grads).unwrap()),
+                &host(x_burn.grad(&want_grads).unwrap()),
+            );
+            assert_same_parameter_gradients(&label, &flash, &got_grads, &burn_encoder, &want_grads);
+        }
+    }
+}
+
+/// Burn's decoder and the flash one converted from it: the same output and gradients (target,
+/// memory and every parameter), post- and pre-norm, with the target's autoregressive mask and
+/// padding, and the memory's padding (a memory longer than the target).
+#[test]
+fn the_decoder_matches_burns_with_the_same_weights() {
+    let (batch, s_target, s_memory) = (2, 23, 31);
+    for device in common::devices() {
+        let autodiff = device.clone().autodiff();
+        for (norm_first, quiet) in [(false, true), (true, false)] {
+            let config = TransformerDecoderConfig::new(D_MODEL, 2 * D_MODEL, HEADS, 2)
+                .with_dropout(0.0)
+                .with_norm_first(norm_first)
+                .with_quiet_softmax(quiet);
+            let burn_decoder: TransformerDecoder = config.init(&autodiff).map(&mut Perturb);
+            let flash = FlashTransformerDecoder::from(burn_decoder.clone());
+            let target = normal([batch, s_target, D_MODEL], &autodiff);
+            let memory = normal([batch, s_memory, D_MODEL], &autodiff);
+            let d_out = normal([batch, s_target, D_MODEL], &autodiff);
+            let target_pad = padding(batch, s_target, 5, &autodiff);
+            let memory_pad = padding(batch, s_memory, 9, &autodiff);
+            let causal = generate_autoregressive_mask(batch, s_target, &autodiff);
+
+            let (target_burn, memory_burn) =
+                (target.clone().require_grad(), memory.clone().require_grad());
+            let want = burn_decoder.forward(
+                TransformerDecoderInput::new(target_burn.clone(), memory_burn.clone())
+                    .target_mask_pad(target_pad.clone())
+                    .target_mask_attn(causal.clone())
+                    .memory_mask_pad(memory_pad.clone()),
+            );
+            let (target_flash, memory_flash) = (target.require_grad(), memory.require_grad());
+            let got = flash.forward(
+                FlashTransformerDecoderInput::new(target_flash.clone(), memory_flash.clone())
+                    .target_mask_pad(target_pad)
+                    .target_mask_attn(causal)
+                    .memory_mask_pad(memory_pad),
+            );
+            let label = |name: &str| {
+                format!("decoder {name} (norm_first {norm_first}, quiet {quiet}, {device:?})")
+            };
+            assert_close(&label("output"), &host(got.clone()), &host(want.clone()));
+            let want_grads = (want * d_out.clone()).sum().backward();
+            let got_grads = (got * d_out).sum().backward();
+            for (name, flash_input, burn_input) in [
+                ("d target", &target_flash, &target_burn),
+                ("d memory", &memory_flash, &memory_burn),
+            ] {
+                assert_close(
+                    &label(name),
+                    &host(flash_input.grad(&got_grads).unwrap()),
+                    &host(burn_input.grad(&want_grads).unwrap()),
+                );
+            }
+            assert_same_parameter_gradients(&label, &flash, &got_grads, &burn_decoder, &want_grads);
+        }
+    }
 }

@@ -27,7 +27,8 @@
 //!   `init_from_linear`, `from_embedding`), which panics with a message naming the field and
 //!   its value. Each such function says so under `# Panics`.
 //! - A conversion from a Burn layer whose options the drop-in cannot honour is a `TryFrom`
-//!   whose error names the option ([`nn::FlashMhaError`]); nothing is silently changed.
+//!   whose error names the option; nothing is silently changed. (The flash layers honour every
+//!   option of Burn's, so theirs are `From`.)
 //! - The inputs of a forward pass or an op are checked on every call, and a bad shape panics
 //!   with a message naming the shapes (`# Shapes` and `# Panics` sections).
 //! - Where a caller may rather recover than stop (targets outside the vocabulary, attention

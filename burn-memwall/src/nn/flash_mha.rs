@@ -2,25 +2,11 @@
 //! `[batch, heads, s_1, s_2]` weights, in the forward pass or the backward.
 
 use burn::module::Module;
-use burn::nn::Linear;
 use burn::nn::attention::{MultiHeadAttention, MultiHeadAttentionConfig};
+use burn::nn::{Dropout, Linear};
 use burn::prelude::*;
 
-use crate::ops::flash_attention::{FlashAttentionOptions, flash_attention};
-
-/// A Burn layer that cannot become a [`FlashMultiHeadAttention`], and why.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum FlashMhaError {
-    /// Dropout on the attention weights needs those weights.
-    #[error(
-        "flash multi-head attention has no dropout on the attention weights (it never holds \
-         them): set the config's dropout to 0 (got {prob})"
-    )]
-    WeightDropout {
-        /// The layer's dropout probability.
-        prob: f64,
-    },
-}
+use crate::ops::flash_attention::{AttentionDropout, FlashAttentionOptions, flash_attention};
 
 /// Drop-in for [`MultiHeadAttention`]: the same config ([`MultiHeadAttentionConfig`]), the same
 /// four linears and so the same weights and records, the same inputs. What differs:
@@ -32,9 +18,13 @@ pub enum FlashMhaError {
 ///   autoregressive `mask_attn`, which is read element by element;
 /// - masked keys get exactly zero weight (Burn fills them with `min_float`): results agree
 ///   whenever a query sees at least one key, and a query that sees none outputs the output
-///   layer's bias, where Burn would average every value.
+///   layer's bias, where Burn would average every value;
+/// - dropout drops the same share of attention weights as Burn's, but draws which ones from
+///   flash attention's counter-based generator (seeded from the device's, one seed per
+///   forward), not from Burn's `Dropout`: with the same seed the two layers drop different
+///   weights.
 ///
-/// Swapping an existing layer is one line: `FlashMultiHeadAttention::try_from(mha)?`.
+/// Swapping an existing layer is one line: `FlashMultiHeadAttention::from(mha)`.
 #[derive(Module, Debug)]
 pub struct FlashMultiHeadAttention {
     /// `[d_model] → [d_model]`, split into `n_heads` query heads.
@@ -49,6 +39,8 @@ pub struct FlashMultiHeadAttention {
     pub d_model: usize,
     /// Number of heads.
     pub n_heads: usize,
+    /// Dropout of the attention weights, Burn's module (its probability and training flag).
+    pub dropout: Dropout,
     /// Burn's quiet softmax (`exp(s_j) / (1 + Σ exp(s_k))`), as the config's `quiet_softmax`.
     pub quiet_softmax: bool,
 }
@@ -79,6 +71,17 @@ impl FlashMhaInput {
             mask_pad: None,
             mask_attn: None,
             options: FlashAttentionOptions::default(),
+        }
+    }
+
+    /// The same masks and options over other inputs: a transformer layer's input carries its
+    /// masks to every layer this way.
+    pub(crate) fn with_inputs(self, query: Tensor<3>, key: Tensor<3>, value: Tensor<3>) -> Self {
+        Self {
+            query,
+            key,
+            value,
+            ..self
         }
     }
 
@@ -124,8 +127,8 @@ impl FlashMhaInput {
 
 impl FlashMultiHeadAttention {
     /// A fresh layer initialised exactly as `config.init(device)` initialises Burn's.
-    pub fn new(config: &MultiHeadAttentionConfig, device: &Device) -> Result<Self, FlashMhaError> {
-        Self::try_from(config.init(device))
+    pub fn new(config: &MultiHeadAttentionConfig, device: &Device) -> Self {
+        Self::from(config.init(device))
     }
 
     /// `[batch, s_1, d_model]` → `[batch, s_1, d_model]`.
@@ -152,8 +155,13 @@ impl FlashMultiHeadAttention {
                 .reshape([batch, seq, self.n_heads, self.d_model / self.n_heads])
                 .swap_dims(1, 2)
         };
+        // Burn's `Dropout::forward` drops only when training on an autodiff device.
+        let device = input.query.device();
+        let dropping =
+            self.dropout.prob > 0.0 && self.dropout.training.is_enabled() && device.is_autodiff();
         let options = FlashAttentionOptions {
             quiet_softmax: self.quiet_softmax,
+            dropout: dropping.then(|| AttentionDropout::seeded_by(&device, self.dropout.prob)),
             ..input.options
         };
         let mask = input.mask();
@@ -169,25 +177,18 @@ impl FlashMultiHeadAttention {
     }
 }
 
-impl TryFrom<MultiHeadAttention> for FlashMultiHeadAttention {
-    type Error = FlashMhaError;
-
-    /// Keeps the four linears (weights, biases, parameter ids); refuses what the flash kernels
-    /// cannot compute without the attention weights.
-    fn try_from(mha: MultiHeadAttention) -> Result<Self, Self::Error> {
-        if mha.dropout.prob > 0.0 {
-            return Err(FlashMhaError::WeightDropout {
-                prob: mha.dropout.prob,
-            });
-        }
-        Ok(Self {
+impl From<MultiHeadAttention> for FlashMultiHeadAttention {
+    /// Keeps the four linears (weights, biases, parameter ids) and the dropout module.
+    fn from(mha: MultiHeadAttention) -> Self {
+        Self {
             query: mha.query,
             key: mha.key,
             value: mha.value,
             output: mha.output,
             d_model: mha.d_model,
             n_heads: mha.n_heads,
+            dropout: mha.dropout,
             quiet_softmax: mha.quiet_softmax,
-        })
+        }
     }
 }

@@ -8,6 +8,7 @@
 //! - [`TernaryLinear`]: BitNet b1.58 quantisation-aware training of a linear, exported packed in
 //!   2 bits per weight ([`PackedTernary`], multiplied on a device as a [`PackedWeight`]);
 //! - [`FlashMultiHeadAttention`]: Burn's multi-head attention on [`crate::ops::flash_attention`];
+//!   [`FlashTransformerEncoder`] and [`FlashTransformerDecoder`], Burn's transformer layers on it;
 //! - [`FusedLinearCrossEntropyLoss`]: an LM head's `Linear` + `CrossEntropyLoss` on
 //!   [`crate::ops::fused_linear_cross_entropy`];
 //! - [`Routed`]: `burn::nn`'s linear, embedding and RMSNorm with their parameters updated during
@@ -19,6 +20,7 @@ mod counter_cross_entropy;
 mod counter_embedding;
 mod counter_linear;
 mod flash_mha;
+mod flash_transformer;
 mod fused_linear_cross_entropy_loss;
 mod reversible;
 mod routed;
@@ -33,7 +35,11 @@ pub use crate::ops::packed_matmul::packed_weight::PackedWeight;
 pub use counter_cross_entropy::counter_loss_block_rows;
 pub use counter_embedding::CounterEmbedding;
 pub use counter_linear::{CounterLinear, CounterLinearConfig, CounterWeights};
-pub use flash_mha::{FlashMhaError, FlashMhaInput, FlashMultiHeadAttention};
+pub use flash_mha::{FlashMhaInput, FlashMultiHeadAttention};
+pub use flash_transformer::{
+    FlashTransformerDecoder, FlashTransformerDecoderInput, FlashTransformerDecoderLayer,
+    FlashTransformerEncoder, FlashTransformerEncoderInput, FlashTransformerEncoderLayer,
+};
 pub use fused_linear_cross_entropy_loss::{
     FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig,
 };
