@@ -2,25 +2,32 @@
 //! autodiff attention, in one run: peak bytes above the inputs and median time, per sequence length.
 //!
 //! ```text
-//! cargo bench --bench flash_attention -- [--device flex|wgpu] [--seqs 512,1024,...] [--repeats 3] [--mask] [--json out.json]
+//! cargo bench --bench flash_attention -- [--device flex|wgpu] [--seqs 512,1024,...] [--repeats 3] [--mask] [--dropout P] [--json out.json]
 //! ```
 //!
 //! Causal attention, declared as an option; with `--mask`, given to both paths as a `[1, s, s]`
-//! boolean mask instead (made before the measured step, as a caller's mask is).
+//! boolean mask instead (made before the measured step, as a caller's mask is). With
+//! `--dropout P`, the attention weights are dropped out: flash attention's own dropout, and on
+//! Burn's side what Burn's `MultiHeadAttention` does (scores, softmax, `Dropout`, matmul), since
+//! Burn's fused `attention` has no dropout.
 //!
 //! Each (path, length) runs in its own child process, so no measurement inherits another's
 //! allocator state or device pools.
 
 mod common;
 
+use burn::nn::DropoutConfig;
 use burn::prelude::*;
 use burn::tensor::Distribution;
+use burn::tensor::activation::softmax;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, human_bytes};
-use burn_memwall::ops::flash_attention::{FlashAttentionOptions, flash_attention};
+use burn_memwall::ops::flash_attention::{
+    AttentionDropout, FlashAttentionOptions, flash_attention,
+};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 
@@ -40,6 +47,9 @@ struct Args {
     /// Causality as a boolean mask rather than an option.
     #[arg(long)]
     mask: bool,
+    /// Dropout probability of the attention weights.
+    #[arg(long, default_value_t = 0.0)]
+    dropout: f64,
 }
 
 #[derive(Serialize, Deserialize, Debug)]
@@ -50,6 +60,7 @@ struct Row {
     heads: usize,
     d: usize,
     masked: bool,
+    dropout: f64,
     peak_bytes: u64,
     median_s: f64,
 }
@@ -119,7 +130,8 @@ fn measure(args: &Args, path: &str, seq: usize) -> Result<Row, Box<dyn std::erro
         mask.to_data(); // made now, not lazily inside the measured step
         mask
     });
-    let attend = |q, k, v| match path {
+    let burn_dropout = DropoutConfig::new(args.dropout).init();
+    let attend = |q: Tensor<4>, k: Tensor<4>, v: Tensor<4>| match path {
         "flash" => flash_attention(
             q,
             k,
@@ -127,9 +139,22 @@ fn measure(args: &Args, path: &str, seq: usize) -> Result<Row, Box<dyn std::erro
             mask.clone(),
             FlashAttentionOptions {
                 causal: mask.is_none(),
+                dropout: Some(AttentionDropout {
+                    prob: args.dropout,
+                    seed: 1,
+                }),
                 ..Default::default()
             },
         ),
+        _ if args.dropout > 0.0 => {
+            // Burn's `MultiHeadAttention::forward`, on the same causal mask.
+            let hidden = mask.clone().unwrap_or_else(|| {
+                Tensor::<2, Bool>::tril_mask([seq, seq], 0, &q.device()).unsqueeze_dim::<3>(0)
+            });
+            let scores = q.matmul(k.transpose()) / (args.d as f64).sqrt();
+            let scores = scores.mask_fill(hidden.unsqueeze_dim::<4>(1), f32::NEG_INFINITY);
+            burn_dropout.forward(softmax(scores, 3)).matmul(v)
+        }
         _ => attention(
             q,
             k,
@@ -157,6 +182,7 @@ fn measure(args: &Args, path: &str, seq: usize) -> Result<Row, Box<dyn std::erro
         heads: args.heads,
         d: args.d,
         masked: args.mask,
+        dropout: args.dropout,
         peak_bytes: measured.peak_bytes,
         median_s: measured.median_s,
     })
