@@ -155,6 +155,7 @@ fn check(device: &Device, masks: Masks, quiet: bool) {
 
 #[test]
 fn matches_burns_multi_head_attention_with_the_same_weights() {
+    let _turn = common::take_turn();
     for device in common::devices() {
         for quiet in [false, true] {
             for (padded, attn) in [(false, false), (true, false), (true, true)] {
@@ -166,6 +167,7 @@ fn matches_burns_multi_head_attention_with_the_same_weights() {
 
 #[test]
 fn causal_input_hides_later_tokens() {
+    let _turn = common::take_turn();
     let device = Device::flex();
     let flash = FlashMultiHeadAttention::new(&config(), &device);
     let x = Tensor::<3>::random([1, 9, D_MODEL], Distribution::Normal(0.0, 1.0), &device);
@@ -196,6 +198,7 @@ fn causal_input_hides_later_tokens() {
 
 #[test]
 fn a_window_forgets_tokens_that_slid_out() {
+    let _turn = common::take_turn();
     let device = Device::flex();
     let (seq, window) = (12, 4);
     let flash = FlashMultiHeadAttention::new(&config(), &device);
@@ -223,6 +226,7 @@ fn a_window_forgets_tokens_that_slid_out() {
 /// share of weights, and repeatable from the device's seed.
 #[test]
 fn drops_attention_weights_when_training() {
+    let _turn = common::take_turn();
     let device = Device::flex();
     let autodiff = device.clone().autodiff();
     let prob = 0.3;
@@ -232,6 +236,8 @@ fn drops_attention_weights_when_training() {
     without.dropout.prob = 0.0;
     let x = Tensor::<3>::random([2, 40, D_MODEL], Distribution::Normal(0.0, 1.0), &device);
     let context = |layer: &FlashMultiHeadAttention, seed: u64| {
+        // Flex's generator is one per process: every test here takes its turn, so that none
+        // draws between this seed and the layer's draw.
         autodiff.seed(seed);
         let input = FlashMhaInput::self_attn(Tensor::from_data(x.to_data(), &autodiff)).causal();
         host(layer.forward(input))
@@ -324,6 +330,7 @@ fn assert_same_parameter_gradients<M: Module, N: Module>(
 /// with quiet softmax.
 #[test]
 fn the_encoder_matches_burns_with_the_same_weights() {
+    let _turn = common::take_turn();
     let (batch, seq) = (2, 29);
     for device in common::devices() {
         let autodiff = device.clone().autodiff();
@@ -372,6 +379,7 @@ fn the_encoder_matches_burns_with_the_same_weights() {
 /// padding, and the memory's padding (a memory longer than the target).
 #[test]
 fn the_decoder_matches_burns_with_the_same_weights() {
+    let _turn = common::take_turn();
     let (batch, s_target, s_memory) = (2, 23, 31);
     for device in common::devices() {
         let autodiff = device.clone().autodiff();
