@@ -303,3 +303,52 @@ fn the_language_model_trains_the_same_in_backward() {
         }
     }
 }
+
+/// `FlashTransformerEncoder` routed (`Routed::flash_encoder`): every linear and layer norm of
+/// every layer is updated during backward, and the training is Burn's AdamW step's, pre- and
+/// post-norm, with padding and causal attention.
+#[test]
+fn the_flash_encoder_updates_every_parameter_in_backward() {
+    use burn::nn::transformer::TransformerEncoderConfig;
+    use burn_memwall::nn::{FlashTransformerEncoder, FlashTransformerEncoderInput};
+    let device = Device::flex().autodiff();
+    for norm_first in [false, true] {
+        let config = TransformerEncoderConfig::new(16, 32, 2, 2)
+            .with_dropout(0.0)
+            .with_norm_first(norm_first);
+        device.seed(7);
+        let mut standard = FlashTransformerEncoder::new(&config, &device);
+        let mut routed = standard.clone();
+        let in_backward = InBackward::new();
+        let x = Tensor::<3>::random([2, 5, 16], burn::tensor::Distribution::Default, &device);
+        let pad = Tensor::<2, Bool>::from_bool(
+            TensorData::from([[false; 5], [false, false, false, true, true]]),
+            &device,
+        );
+        let input = || {
+            FlashTransformerEncoderInput::new(x.clone())
+                .mask_pad(pad.clone())
+                .causal()
+        };
+        let (mut standard_optim, mut routed_optim) =
+            (AdamWConfig::new().init(), AdamWConfig::new().init());
+        for step in 0..2 {
+            let loss = standard.forward(input()).powi_scalar(2).mean();
+            let grads = GradientsParams::from_grads(loss.backward(), &standard);
+            standard = standard_optim.step(learning_rate(step), standard, grads);
+            let loss = Routed::new(Some(&in_backward))
+                .flash_encoder(&routed, input())
+                .powi_scalar(2)
+                .mean();
+            routed = in_backward
+                .step(&mut routed_optim, learning_rate(step), routed, loss)
+                .unwrap();
+            let counts = in_backward.last_step();
+            let params = parameters(&routed).len();
+            assert_eq!((counts.after_backward, counts.in_backward), (0, params));
+            for (got, want) in parameters(&routed).into_iter().zip(parameters(&standard)) {
+                assert_close("parameter", &(norm_first, step), 1e-5, got, want);
+            }
+        }
+    }
+}

@@ -248,12 +248,9 @@ impl LanguageModel {
                 // `[vocab, d_model]`: a tied head is the embedding itself; a `Linear` is stored
                 // transposed.
                 match self.head() {
-                    Head::Linear(head) => loss.try_forward_weights(
-                        hidden.clone(),
-                        route.param(&head.weight, &hidden).transpose(),
-                        head.bias.as_ref().map(|bias| route.param(bias, &hidden)),
-                        targets,
-                    ),
+                    Head::Linear(head) => {
+                        Ok(route.linear_cross_entropy(&loss, hidden, head, targets))
+                    }
                     Head::TiedEmbedding(embedding) => loss.try_forward_weights(
                         hidden.clone(),
                         route.param(&embedding.weight, &hidden),

@@ -6,6 +6,7 @@ use burn::nn::attention::{MultiHeadAttention, MultiHeadAttentionConfig};
 use burn::nn::{Dropout, Linear};
 use burn::prelude::*;
 
+use super::Routed;
 use crate::ops::flash_attention::{AttentionDropout, FlashAttentionOptions, flash_attention};
 
 /// Drop-in for [`MultiHeadAttention`]: the same config ([`MultiHeadAttentionConfig`]), the same
@@ -134,7 +135,12 @@ impl FlashMultiHeadAttention {
     /// `[batch, s_1, d_model]` → `[batch, s_1, d_model]`.
     ///
     /// Panics, naming the shapes, when the inputs do not fit the layer or each other.
-    pub fn forward(&self, mut input: FlashMhaInput) -> Tensor<3> {
+    pub fn forward(&self, input: FlashMhaInput) -> Tensor<3> {
+        self.forward_routed(input, Routed::new(None))
+    }
+
+    /// [`Self::forward`] with the linears' parameters read through `route`.
+    pub(crate) fn forward_routed(&self, mut input: FlashMhaInput, route: Routed) -> Tensor<3> {
         let [batch, s_1, _] = input.query.dims();
         for (name, t) in [
             ("query", &input.query),
@@ -150,8 +156,8 @@ impl FlashMultiHeadAttention {
         }
         let heads = |x: Tensor<3>, linear: &Linear| {
             let [batch, seq, _] = x.dims();
-            linear
-                .forward(x)
+            route
+                .linear(linear, x)
                 .reshape([batch, seq, self.n_heads, self.d_model / self.n_heads])
                 .swap_dims(1, 2)
         };
@@ -172,8 +178,10 @@ impl FlashMultiHeadAttention {
             mask,
             options,
         );
-        self.output
-            .forward(context.swap_dims(1, 2).reshape([batch, s_1, self.d_model]))
+        route.linear(
+            &self.output,
+            context.swap_dims(1, 2).reshape([batch, s_1, self.d_model]),
+        )
     }
 }
 

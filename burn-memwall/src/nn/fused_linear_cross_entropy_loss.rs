@@ -7,7 +7,7 @@ use burn::nn::{Embedding, Linear};
 use burn::prelude::*;
 
 use super::counter_cross_entropy::counter_cross_entropy;
-use super::{CounterWeights, GradientPass, Reduction};
+use super::{CounterWeights, GradientPass, Reduction, Routed};
 use crate::ops::fused_linear_cross_entropy::{
     FusedCrossEntropyError, FusedCrossEntropyOptions, RowLoss, fused_loss,
 };
@@ -107,9 +107,20 @@ impl FusedLinearCrossEntropyLoss {
         head: &Linear,
         targets: Tensor<T, Int>,
     ) -> Result<Tensor<1>, FusedCrossEntropyError> {
+        self.try_forward_routed(hidden, head, targets, Routed::new(None))
+    }
+
+    /// [`Self::try_forward`] with the head's parameters read through `route`.
+    pub(crate) fn try_forward_routed<const D: usize, const T: usize>(
+        &self,
+        hidden: Tensor<D>,
+        head: &Linear,
+        targets: Tensor<T, Int>,
+        route: Routed,
+    ) -> Result<Tensor<1>, FusedCrossEntropyError> {
         // `Linear` stores `[d_model, vocab]`; the op reads `[vocab, d_model]` (a view, no copy).
-        let weight = head.weight.val().transpose();
-        let bias = head.bias.as_ref().map(|bias| bias.val());
+        let weight = route.param(&head.weight, &hidden).transpose();
+        let bias = head.bias.as_ref().map(|bias| route.param(bias, &hidden));
         self.try_forward_weights(hidden, weight, bias, targets)
     }
 

@@ -3,12 +3,17 @@
 //! changing the layers or the model's record.
 
 use burn::module::Param;
-use burn::nn::{Embedding, Linear, RmsNorm};
+use burn::nn::transformer::PositionWiseFeedForward;
+use burn::nn::{Embedding, LayerNorm, Linear, RmsNorm};
 use burn::prelude::*;
 use burn::tensor::DType;
 use burn::tensor::module::{embedding, linear};
 
-use super::{CounterEmbedding, CounterLinear, TernaryLinear};
+use super::{
+    CounterEmbedding, CounterLinear, FlashMhaInput, FlashMultiHeadAttention,
+    FlashTransformerEncoder, FlashTransformerEncoderInput, FusedLinearCrossEntropyLoss,
+    TernaryLinear,
+};
 use crate::optim::{InBackward, param_value};
 
 /// The forward passes of `burn::nn` layers, with each parameter anchored on the layer's input.
@@ -73,6 +78,58 @@ impl<'a> Routed<'a> {
         let dtype = x.dtype();
         let rms = (x.clone().cast(DType::F32).square().mean_dim(D - 1) + norm.epsilon).sqrt();
         (x / rms.cast(dtype)) * gamma.unsqueeze()
+    }
+
+    /// `norm.forward(x)`: `[..., d_model]` → `[..., d_model]`, Burn's own arithmetic.
+    pub fn layer_norm<const D: usize>(&self, norm: &LayerNorm, x: Tensor<D>) -> Tensor<D> {
+        // Burn's norm on the routed values: `LayerNorm` keeps its epsilon private, so the norm
+        // is a copy (its tensors are handles) holding them.
+        let routed = |param: &Param<Tensor<1>>| Param::initialized(param.id, self.param(param, &x));
+        let mut norm = norm.clone();
+        norm.gamma = routed(&norm.gamma);
+        norm.beta = norm.beta.as_ref().map(routed);
+        norm.forward(x)
+    }
+
+    /// `layer.forward(x)`: Burn's transformer feed-forward `[..., d_model]` → `[..., d_model]`.
+    pub fn position_wise_feed_forward<const D: usize>(
+        &self,
+        layer: &PositionWiseFeedForward,
+        x: Tensor<D>,
+    ) -> Tensor<D> {
+        let x = self.linear(&layer.linear_inner, x);
+        let x = layer.dropout.forward(layer.activation.forward(x));
+        self.linear(&layer.linear_outer, x)
+    }
+
+    /// `layer.forward(input)` with the four linears routed.
+    pub fn flash_mha(&self, layer: &FlashMultiHeadAttention, input: FlashMhaInput) -> Tensor<3> {
+        layer.forward_routed(input, *self)
+    }
+
+    /// `encoder.forward(input)` with every linear and layer norm routed.
+    pub fn flash_encoder(
+        &self,
+        encoder: &FlashTransformerEncoder,
+        input: FlashTransformerEncoderInput,
+    ) -> Tensor<3> {
+        encoder.forward_routed(input, *self)
+    }
+
+    /// `loss.forward(hidden, head, targets)`, the head's weight and bias routed: an LM head
+    /// updated during backward without its logits ever existing.
+    ///
+    /// # Panics
+    /// As [`FusedLinearCrossEntropyLoss::forward`].
+    pub fn linear_cross_entropy<const D: usize, const T: usize>(
+        &self,
+        loss: &FusedLinearCrossEntropyLoss,
+        hidden: Tensor<D>,
+        head: &Linear,
+        targets: Tensor<T, Int>,
+    ) -> Tensor<1> {
+        loss.try_forward_routed(hidden, head, targets, *self)
+            .unwrap_or_else(|error| panic!("{error}"))
     }
 
     /// `layer.forward(tokens)`: `[batch, seq]` ids → `[batch, seq, d_model]`. A first layer has

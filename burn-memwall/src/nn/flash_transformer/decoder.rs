@@ -8,7 +8,7 @@ use burn::nn::{Dropout, LayerNorm};
 use burn::prelude::*;
 
 use super::residual;
-use crate::nn::{FlashMhaInput, FlashMultiHeadAttention};
+use crate::nn::{FlashMhaInput, FlashMultiHeadAttention, Routed};
 
 /// Drop-in for [`TransformerDecoder`]: the same config ([`TransformerDecoderConfig`]), the same
 /// layers with the same parameter paths (`layers.{i}.self_attn.query.weight`,
@@ -140,18 +140,20 @@ impl FlashTransformerDecoderLayer {
             true => [&self.norm_3, &self.norm_1, &self.norm_2],
             false => [&self.norm_1, &self.norm_2, &self.norm_3],
         };
-        let x = residual(x, self.norm_first, self_norm, &self.dropout, |x| {
+        // The decoder's parameters are read with `val()`: it is not routed through `InBackward`.
+        let plain = Routed::new(None);
+        let x = residual(x, self.norm_first, self_norm, &self.dropout, plain, |x| {
             let attention = input.target_attention.clone();
             self.self_attn
                 .forward(attention.with_inputs(x.clone(), x.clone(), x))
         });
-        let x = residual(x, self.norm_first, cross_norm, &self.dropout, |x| {
+        let x = residual(x, self.norm_first, cross_norm, &self.dropout, plain, |x| {
             let attention = input.memory_attention.clone();
             let memory = input.memory.clone();
             self.cross_attn
                 .forward(attention.with_inputs(x, memory.clone(), memory))
         });
-        residual(x, self.norm_first, ff_norm, &self.dropout, |x| {
+        residual(x, self.norm_first, ff_norm, &self.dropout, plain, |x| {
             self.pwff.forward(x)
         })
     }

@@ -8,7 +8,7 @@ use burn::nn::{Dropout, LayerNorm};
 use burn::prelude::*;
 
 use super::residual;
-use crate::nn::{FlashMhaInput, FlashMultiHeadAttention};
+use crate::nn::{FlashMhaInput, FlashMultiHeadAttention, Routed};
 
 /// Drop-in for [`TransformerEncoder`]: the same config ([`TransformerEncoderConfig`]), the
 /// same layers with the same parameter paths (`layers.{i}.mha.query.weight`, …) and so the same
@@ -109,29 +109,45 @@ impl FlashTransformerEncoder {
     /// # Panics
     /// When the input or the masks do not fit the layers, naming the shapes.
     pub fn forward(&self, input: FlashTransformerEncoderInput) -> Tensor<3> {
+        self.forward_routed(input, Routed::new(None))
+    }
+
+    /// [`Self::forward`] with every parameter read through `route`.
+    pub(crate) fn forward_routed(
+        &self,
+        input: FlashTransformerEncoderInput,
+        route: Routed,
+    ) -> Tensor<3> {
         let FlashTransformerEncoderInput { tensor, attention } = input;
-        self.layers
-            .iter()
-            .fold(tensor, |x, layer| layer.forward(x, attention.clone()))
+        self.layers.iter().fold(tensor, |x, layer| {
+            layer.forward(x, attention.clone(), route)
+        })
     }
 }
 
 impl FlashTransformerEncoderLayer {
     /// Burn's `TransformerEncoderLayer::forward` on flash attention; `attention` carries the
     /// masks and options, its tensors are replaced by the layer's.
-    fn forward(&self, x: Tensor<3>, attention: FlashMhaInput) -> Tensor<3> {
+    fn forward(&self, x: Tensor<3>, attention: FlashMhaInput, route: Routed) -> Tensor<3> {
         // Burn's norms: pre-norm, norm_2 before the attention and norm_1 before the
         // feed-forward; post-norm, norm_1 after the attention and norm_2 after the feed-forward.
         let (attention_norm, ff_norm) = match self.norm_first {
             true => (&self.norm_2, &self.norm_1),
             false => (&self.norm_1, &self.norm_2),
         };
-        let x = residual(x, self.norm_first, attention_norm, &self.dropout, |x| {
-            self.mha
-                .forward(attention.with_inputs(x.clone(), x.clone(), x))
-        });
-        residual(x, self.norm_first, ff_norm, &self.dropout, |x| {
-            self.pwff.forward(x)
+        let x = residual(
+            x,
+            self.norm_first,
+            attention_norm,
+            &self.dropout,
+            route,
+            |x| {
+                let input = attention.with_inputs(x.clone(), x.clone(), x);
+                self.mha.forward_routed(input, route)
+            },
+        );
+        residual(x, self.norm_first, ff_norm, &self.dropout, route, |x| {
+            route.position_wise_feed_forward(&self.pwff, x)
         })
     }
 }
