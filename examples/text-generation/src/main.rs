@@ -1,0 +1,208 @@
+//! Trains Burn's text-generation model, as written for Burn or swapped to burn-memwall, or
+//! measures one training step of it.
+//!
+//! ```text
+//! cargo run --release -p text-generation -- train --model memwall [--text FILE] [--seq 512]
+//! cargo run --release -p text-generation -- measure --model burn --seq 2048
+//! ```
+//!
+//! `measure` prints one JSON line: the bytes held at the peak of a training step (forward,
+//! backward and the optimizer's update, as the `Learner` runs them) above what was live before
+//! it, and the step's time. Run each model in its own process, so that neither inherits the
+//! other's allocator state.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::Dataset;
+use burn::lr_scheduler::module_lr_scheduler::ModuleLearningRate;
+use burn::nn::transformer::TransformerEncoderConfig;
+use burn::optim::{AdamConfig, ModuleOptimizer};
+use burn::prelude::*;
+use burn::train::TrainStep;
+use burn_memwall::DeviceChoice;
+use burn_memwall::memory::{CountingAllocator, MemoryMeter};
+use burn_memwall_models::data::{load_text, split_text};
+use clap::{Parser, Subcommand};
+use serde::{Deserialize, Serialize};
+use text_generation::data::{
+    ByteTokenizer, TextGenerationBatcher, TrainingTextGenerationBatch, text_items,
+};
+use text_generation::training::{ExperimentConfig, Variant, train};
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+#[derive(Parser, Debug)]
+#[command(about = "Burn's text-generation example, on Burn or on burn-memwall")]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Train through burn-train's Learner.
+    Train {
+        #[command(flatten)]
+        run: Run,
+        /// Epochs over the text.
+        #[arg(long, default_value_t = 1)]
+        epochs: usize,
+        /// Where burn-train writes its logs and checkpoints.
+        #[arg(long, default_value = "artifacts/text-generation")]
+        dir: PathBuf,
+    },
+    /// Print the peak memory and time of one training step as a JSON line.
+    Measure {
+        #[command(flatten)]
+        run: Run,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct Run {
+    /// `burn`: the model as written for Burn; `memwall`: swapped to burn-memwall.
+    #[arg(long, value_enum)]
+    model: Variant,
+    /// auto, flex, wgpu, vulkan, metal, webgpu, cuda, rocm or cpu.
+    #[arg(long, default_value = "auto", env = "BURN_DEVICE")]
+    device: String,
+    /// A UTF-8 text file; the embedded corpus without one.
+    #[arg(long)]
+    text: Option<PathBuf>,
+    /// Tokens per item (the model's max_seq_length).
+    #[arg(long, default_value_t = 512)]
+    seq: usize,
+    #[arg(long, default_value_t = 6)]
+    batch: usize,
+    #[arg(long, default_value_t = 256)]
+    d_model: usize,
+    #[arg(long, default_value_t = 1024)]
+    d_ff: usize,
+    #[arg(long, default_value_t = 8)]
+    heads: usize,
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    /// Dropout of every layer (Burn's default 0.1).
+    #[arg(long, default_value_t = 0.1)]
+    dropout: f64,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+}
+
+impl Run {
+    fn config(&self) -> ExperimentConfig {
+        let transformer =
+            TransformerEncoderConfig::new(self.d_model, self.d_ff, self.heads, self.layers)
+                .with_dropout(self.dropout)
+                .with_norm_first(true);
+        ExperimentConfig::new(transformer, AdamConfig::new())
+            .with_max_seq_length(self.seq)
+            .with_batch_size(self.batch)
+            .with_seed(self.seed)
+    }
+}
+
+/// What `measure` prints.
+#[derive(Serialize, Deserialize, Debug)]
+struct StepMeasurement {
+    model: Variant,
+    device: String,
+    seq: usize,
+    batch: usize,
+    /// Bytes held at the step's peak above what was live before it (the model and the
+    /// optimizer state, after a first step made the state).
+    peak_bytes: u64,
+    step_seconds: f64,
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    match Args::parse().command {
+        Command::Train { run, epochs, dir } => {
+            let device = DeviceChoice::from_arg_or_env(Some(&run.device))?.device()?;
+            let text = load_text(run.text.as_deref())?;
+            let (train_text, valid_text) = split_text(&text, 0.1)?;
+            let config = run.config().with_num_epochs(epochs);
+            train(&device, train_text, valid_text, &config, run.model, &dir)?;
+            println!("trained; burn-train's logs are in {}", dir.display());
+        }
+        Command::Measure { run } => {
+            let device = DeviceChoice::from_arg_or_env(Some(&run.device))?.device()?;
+            let measurement = measure(&run, &device)?;
+            println!("{}", serde_json::to_string(&measurement)?);
+        }
+    }
+    Ok(())
+}
+
+/// A warm-up step (it makes the optimizer state), then the measured one, on the text's first
+/// batch, calling what the `Learner` calls: `TrainStep::step`, then `TrainStep::optimize`.
+fn measure(run: &Run, device: &Device) -> Result<StepMeasurement, Box<dyn std::error::Error>> {
+    let config = run.config();
+    let text = load_text(run.text.as_deref())?;
+    let items = text_items(&text, config.max_seq_length + 1);
+    if items.len() < config.batch_size {
+        return Err(format!("the text fills {} items, fewer than a batch", items.len()).into());
+    }
+    let batch = (0..config.batch_size)
+        .map(|index| items.get(index))
+        .collect::<Result<Vec<_>, _>>()?;
+    let batcher = TextGenerationBatcher::new(ByteTokenizer, config.max_seq_length);
+    let autodiff = device.clone().autodiff();
+    autodiff.seed(config.seed);
+    let batch = batcher.batch(batch, &autodiff);
+    let mut optimizer = config.optimizer.init();
+    let meter = MemoryMeter::new(device);
+    let seq = batch.tokens_inputs.dims()[1];
+    let (peak_bytes, step_seconds) = match run.model {
+        Variant::Burn => {
+            let model = config.model().init(&autodiff);
+            measure_steps(model, &mut optimizer, &batch, &meter)
+        }
+        Variant::Memwall => {
+            let model = config.memwall_model().init(&autodiff);
+            measure_steps(model, &mut optimizer, &batch, &meter)
+        }
+    }?;
+    Ok(StepMeasurement {
+        model: run.model,
+        device: burn_memwall::device::describe(device),
+        seq,
+        batch: config.batch_size,
+        peak_bytes,
+        step_seconds,
+    })
+}
+
+/// Bytes above the live ones at the peak of the second of two steps, and its time.
+fn measure_steps<M>(
+    model: M,
+    optimizer: &mut ModuleOptimizer,
+    batch: &TrainingTextGenerationBatch,
+    meter: &MemoryMeter,
+) -> Result<(u64, f64), Box<dyn std::error::Error>>
+where
+    M: TrainStep<Input = TrainingTextGenerationBatch> + burn::module::Module,
+{
+    let device = batch.tokens_inputs.device();
+    let learning_rate = ModuleLearningRate::from(1e-4);
+    let mut step = |model: M| {
+        let output = model.step(batch.clone());
+        let model = model.optimize(optimizer, learning_rate.clone(), output.grads);
+        drop(output.item);
+        model
+    };
+    let model = step(model);
+    device.sync()?;
+    let live = meter.live_bytes();
+    meter.reset_peak();
+    let start = Instant::now();
+    let model = step(model);
+    device.sync()?;
+    let seconds = start.elapsed().as_secs_f64();
+    let peak = meter.peak_bytes().saturating_sub(live);
+    drop(model);
+    Ok((peak, seconds))
+}

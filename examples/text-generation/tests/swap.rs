@@ -1,0 +1,115 @@
+//! The swap changes the memory, not the training: Burn's model and the swapped one, trained
+//! through the `Learner` from the same seed on the same data, lose the same at every step; and
+//! a step of the swapped one holds less at its peak, measured in separate processes.
+
+use std::path::Path;
+use std::process::Command;
+
+use burn::nn::transformer::TransformerEncoderConfig;
+use burn::optim::AdamConfig;
+use burn::prelude::*;
+use burn::train::logger::{FileMetricLogger, MetricLogger};
+use burn::train::metric::NumericEntry;
+use burn::train::metric::store::Split;
+use burn_memwall_models::data::DEFAULT_CORPUS;
+use text_generation::training::{ExperimentConfig, Variant, train};
+
+/// Each training step's loss, as burn-train logged it in `dir`.
+fn logged_losses(dir: &Path) -> Vec<f64> {
+    FileMetricLogger::new(dir)
+        .read_numeric("Loss", 1, &Split::Train)
+        .expect("burn-train logged the training loss")
+        .into_iter()
+        .filter(|entry| !matches!(entry, NumericEntry::Final(_)))
+        .map(|entry| entry.current())
+        .collect()
+}
+
+#[test]
+fn the_swapped_model_loses_what_burns_loses_at_every_step() {
+    // Dropout 0: the swapped attention draws its dropout from flash attention's generator,
+    // not from Burn's, so with dropout the two runs drop different weights.
+    let transformer = TransformerEncoderConfig::new(32, 64, 2, 2)
+        .with_dropout(0.0)
+        .with_norm_first(true);
+    let config = ExperimentConfig::new(transformer, AdamConfig::new())
+        .with_max_seq_length(48)
+        .with_batch_size(3)
+        .with_learning_rate(0.05)
+        .with_warmup_steps(4);
+    let (train_text, valid_text) = (&DEFAULT_CORPUS[..2400], &DEFAULT_CORPUS[2400..2800]);
+    let device = Device::flex();
+    let run = |variant| {
+        let dir = tempfile::tempdir().unwrap();
+        train(
+            &device,
+            train_text,
+            valid_text,
+            &config,
+            variant,
+            dir.path(),
+        )
+        .unwrap();
+        logged_losses(dir.path())
+    };
+    let burn = run(Variant::Burn);
+    let memwall = run(Variant::Memwall);
+
+    assert!(burn.len() >= 15, "an epoch of {} steps", burn.len());
+    assert_eq!(burn.len(), memwall.len(), "the same steps");
+    for (step, (b, m)) in burn.iter().zip(&memwall).enumerate() {
+        assert!(
+            (b - m).abs() <= 1e-4,
+            "step {step}: Burn's model lost {b}, the swapped one {m}"
+        );
+    }
+    // The two runs computed apart: flash attention and the fused loss round differently.
+    assert_ne!(burn, memwall, "the two runs must be two computations");
+    let (first, last) = (burn[0], burn[burn.len() - 1]);
+    assert!(last < first - 0.5, "it trains: {first} then {last}");
+}
+
+/// `measure`'s peak for `variant` at `seq`, from its own process.
+fn measured_peak(variant: &str, seq: usize) -> u64 {
+    let output = Command::new(env!("CARGO_BIN_EXE_text-generation"))
+        .args(["measure", "--device", "flex", "--model", variant])
+        .args(["--seq", &seq.to_string(), "--batch", "1"])
+        .args([
+            "--d-model",
+            "64",
+            "--d-ff",
+            "128",
+            "--heads",
+            "4",
+            "--layers",
+            "2",
+        ])
+        .output()
+        .expect("the binary runs");
+    assert!(
+        output.status.success(),
+        "measure {variant} at {seq}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let line = String::from_utf8(output.stdout).unwrap();
+    let measured: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+    assert_eq!(measured["seq"], seq, "a full-length batch");
+    measured["peak_bytes"].as_u64().unwrap()
+}
+
+#[test]
+fn the_swapped_step_peaks_lower_and_the_gap_grows_with_the_sequence() {
+    let mut ratios = Vec::new();
+    for seq in [512, 2048] {
+        let (burn, memwall) = (measured_peak("burn", seq), measured_peak("memwall", seq));
+        eprintln!("seq {seq}: Burn's model {burn} B, swapped {memwall} B");
+        ratios.push(burn as f64 / memwall as f64);
+    }
+    // Burn's attention holds [heads, seq, seq] scores per layer: 16 times more from 512 to
+    // 2048, while the swapped model's step grows with the sequence only.
+    assert!(ratios[0] > 1.5, "at 512 the swap saves: {ratios:?}");
+    assert!(
+        ratios[1] > 2.0 * ratios[0],
+        "the saving grows with the sequence: {ratios:?}"
+    );
+}
