@@ -245,8 +245,8 @@ impl LanguageModel {
                 let loss = FusedLinearCrossEntropyLossConfig::new().init();
                 let route = self.route();
                 let in_backward = self.in_backward.as_ref();
-                // `[vocab, d_model]`: a tied head is the embedding itself; a `Linear` is stored
-                // transposed.
+                // The op reads `[vocab, d_model]`: a tied head's is the embedding itself (a
+                // `Linear`'s is transposed by `linear_cross_entropy`).
                 match self.head() {
                     Head::Linear(head) => {
                         Ok(route.linear_cross_entropy(&loss, hidden, head, targets))
