@@ -46,8 +46,11 @@ struct Perturb;
 impl ModuleMapper for Perturb {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
         param.map(|t| {
-            let shift = t.random_like(Distribution::Normal(0.0, 0.3));
-            (t + shift).detach().require_grad()
+            let (tracked, shift) = (
+                t.is_require_grad(),
+                t.random_like(Distribution::Normal(0.0, 0.3)),
+            );
+            (t + shift).detach().set_require_grad(tracked)
         })
     }
 }
@@ -434,5 +437,131 @@ fn the_decoder_matches_burns_with_the_same_weights() {
             }
             assert_same_parameter_gradients(&label, &flash, &got_grads, &burn_decoder, &want_grads);
         }
+    }
+}
+
+/// Autoregressive inference, a prompt of 4 tokens and then one token per call, each call
+/// given the whole sequence so far: the encoder against Burn's (the same weights, Burn's
+/// autoregressive mask each call), and against its own `forward` of the whole sequence with
+/// padding and the causal option, post- and pre-norm.
+#[test]
+fn the_encoder_infers_autoregressively_as_burns_does() {
+    let _turn = common::take_turn();
+    let (batch, seq, prompt) = (2, 9, 4);
+    for device in common::devices() {
+        for norm_first in [false, true] {
+            let config = TransformerEncoderConfig::new(D_MODEL, 2 * D_MODEL, HEADS, 2)
+                .with_dropout(0.0)
+                .with_norm_first(norm_first);
+            let burn_encoder: TransformerEncoder = config.init(&device).map(&mut Perturb);
+            let flash = FlashTransformerEncoder::from(burn_encoder.clone());
+            let x = normal([batch, seq, D_MODEL], &device);
+            let pad = padding(batch, seq, 3, &device);
+            let whole = flash.forward(
+                FlashTransformerEncoderInput::new(x.clone())
+                    .mask_pad(pad.clone())
+                    .causal(),
+            );
+            let mut burn_cache = burn_encoder.new_autoregressive_cache();
+            let mut cache = flash.new_autoregressive_cache();
+            let mut padded_cache = flash.new_autoregressive_cache();
+            for len in prompt..=seq {
+                let label = |name: &str| {
+                    format!("encoder {name} at {len} tokens (norm_first {norm_first}, {device:?})")
+                };
+                let prefix = x.clone().narrow(1, 0, len);
+                let mask = generate_autoregressive_mask(batch, len, &device);
+                let want = burn_encoder.forward_autoregressive_inference(
+                    TransformerEncoderInput::new(prefix.clone()).mask_attn(mask.clone()),
+                    &mut burn_cache,
+                );
+                let got = flash.forward_autoregressive_inference(
+                    FlashTransformerEncoderInput::new(prefix.clone()).mask_attn(mask),
+                    &mut cache,
+                );
+                assert_close(&label("output"), &host(got), &host(want));
+                let got = flash.forward_autoregressive_inference(
+                    FlashTransformerEncoderInput::new(prefix)
+                        .mask_pad(pad.clone().narrow(1, 0, len))
+                        .causal(),
+                    &mut padded_cache,
+                );
+                let want = whole.clone().narrow(1, 0, len);
+                assert_close(&label("padded output"), &host(got), &host(want));
+            }
+        }
+    }
+}
+
+/// As the encoder's test, for the decoder: Burn's autoregressive mask on the target each call,
+/// the memory (longer than the target, padded) the same on every call.
+#[test]
+fn the_decoder_infers_autoregressively_as_burns_does() {
+    let _turn = common::take_turn();
+    let (batch, s_target, s_memory, prompt) = (2, 8, 11, 3);
+    for device in common::devices() {
+        for norm_first in [false, true] {
+            let config = TransformerDecoderConfig::new(D_MODEL, 2 * D_MODEL, HEADS, 2)
+                .with_dropout(0.0)
+                .with_norm_first(norm_first);
+            let burn_decoder: TransformerDecoder = config.init(&device).map(&mut Perturb);
+            let flash = FlashTransformerDecoder::from(burn_decoder.clone());
+            let target = normal([batch, s_target, D_MODEL], &device);
+            let memory = normal([batch, s_memory, D_MODEL], &device);
+            let memory_pad = padding(batch, s_memory, 4, &device);
+            let target_pad = padding(batch, s_target, 2, &device);
+            let whole = flash.forward(
+                FlashTransformerDecoderInput::new(target.clone(), memory.clone())
+                    .memory_mask_pad(memory_pad.clone())
+                    .target_mask_pad(target_pad.clone())
+                    .target_causal(),
+            );
+            let mut burn_cache = burn_decoder.new_autoregressive_cache();
+            let mut cache = flash.new_autoregressive_cache();
+            let mut padded_cache = flash.new_autoregressive_cache();
+            for len in prompt..=s_target {
+                let label = |name: &str| {
+                    format!("decoder {name} at {len} tokens (norm_first {norm_first}, {device:?})")
+                };
+                let prefix = target.clone().narrow(1, 0, len);
+                let mask = generate_autoregressive_mask(batch, len, &device);
+                let want = burn_decoder.forward_autoregressive_inference(
+                    TransformerDecoderInput::new(prefix.clone(), memory.clone())
+                        .memory_mask_pad(memory_pad.clone())
+                        .target_mask_attn(mask.clone()),
+                    &mut burn_cache,
+                );
+                let got = flash.forward_autoregressive_inference(
+                    FlashTransformerDecoderInput::new(prefix.clone(), memory.clone())
+                        .memory_mask_pad(memory_pad.clone())
+                        .target_mask_attn(mask),
+                    &mut cache,
+                );
+                assert_close(&label("output"), &host(got), &host(want));
+                let got = flash.forward_autoregressive_inference(
+                    FlashTransformerDecoderInput::new(prefix, memory.clone())
+                        .memory_mask_pad(memory_pad.clone())
+                        .target_mask_pad(target_pad.clone().narrow(1, 0, len))
+                        .target_causal(),
+                    &mut padded_cache,
+                );
+                let want = whole.clone().narrow(1, 0, len);
+                assert_close(&label("padded output"), &host(got), &host(want));
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "the input holds 3 tokens and the cache has seen 3")]
+fn a_cache_refuses_a_sequence_it_has_already_seen() {
+    let device = Device::flex();
+    let config = TransformerEncoderConfig::new(D_MODEL, 2 * D_MODEL, HEADS, 1);
+    let encoder = FlashTransformerEncoder::new(&config, &device);
+    let mut cache = encoder.new_autoregressive_cache();
+    let x = normal([1, 3, D_MODEL], &device);
+    for _ in 0..2 {
+        let input = FlashTransformerEncoderInput::new(x.clone()).causal();
+        encoder.forward_autoregressive_inference(input, &mut cache);
     }
 }

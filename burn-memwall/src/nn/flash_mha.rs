@@ -99,6 +99,16 @@ impl FlashMhaInput {
         self
     }
 
+    /// The same input for the last `new` queries of its sequence, as a step of autoregressive
+    /// inference computes them: a `mask_attn` with a row for every query keeps the last `new`.
+    pub(crate) fn last_queries(mut self, new: usize) -> Self {
+        self.mask_attn = self.mask_attn.map(|mask| match mask.dims()[1] {
+            rows if rows > new => mask.narrow(1, rows - new, new),
+            _ => mask,
+        });
+        self
+    }
+
     /// The one mask [`flash_attention`] reads: `mask_attn`, or the padding `[batch, 1, s_2]`, or
     /// both, hidden where either hides.
     fn mask(&mut self) -> Option<Tensor<3, Bool>> {
@@ -136,11 +146,18 @@ impl FlashMultiHeadAttention {
     ///
     /// Panics, naming the shapes, when the inputs do not fit the layer or each other.
     pub fn forward(&self, input: FlashMhaInput) -> Tensor<3> {
-        self.forward_routed(input, Routed::new(None))
+        self.forward_routed(input, Routed::new(None), None)
     }
 
-    /// [`Self::forward`] with the linears' parameters read through `route`.
-    pub(crate) fn forward_routed(&self, mut input: FlashMhaInput, route: Routed) -> Tensor<3> {
+    /// [`Self::forward`] with the linears' parameters read through `route`; with a `cache`, the
+    /// key and value heads come from it, `input`'s key and value being the new tokens only (see
+    /// [`KeyValueCache`]).
+    pub(crate) fn forward_routed(
+        &self,
+        mut input: FlashMhaInput,
+        route: Routed,
+        cache: Option<&mut KeyValueCache>,
+    ) -> Tensor<3> {
         let [batch, s_1, _] = input.query.dims();
         for (name, t) in [
             ("query", &input.query),
@@ -171,17 +188,77 @@ impl FlashMultiHeadAttention {
             ..input.options
         };
         let mask = input.mask();
-        let context = flash_attention(
-            heads(input.query, &self.query),
-            heads(input.key, &self.key),
-            heads(input.value, &self.value),
-            mask,
-            options,
-        );
+        let FlashMhaInput {
+            query, key, value, ..
+        } = input;
+        // Query, key, value: Burn's order, in which lazily initialised weights are drawn.
+        let query = heads(query, &self.query);
+        let project = || (heads(key, &self.key), heads(value, &self.value));
+        let (key, value) = match cache {
+            Some(cache) => cache.heads(project),
+            None => project(),
+        };
+        let context = flash_attention(query, key, value, mask, options);
         route.linear(
             &self.output,
             context.swap_dims(1, 2).reshape([batch, s_1, self.d_model]),
         )
+    }
+}
+
+/// The key and value heads one attention layer has projected, kept between the calls of
+/// autoregressive inference so that each call projects, and attends from, the new tokens only.
+#[derive(Debug)]
+pub(crate) struct KeyValueCache {
+    /// Keys and values come from a memory fixed for the whole sequence (cross-attention): they
+    /// are projected on the first call and reused, where self-attention appends each call's.
+    fixed: bool,
+    /// `[batch, heads, seen, d_head]` each.
+    heads: Option<(Tensor<4>, Tensor<4>)>,
+}
+
+impl KeyValueCache {
+    /// For self-attention: each call appends its tokens' keys and values.
+    pub(crate) fn growing() -> Self {
+        Self {
+            fixed: false,
+            heads: None,
+        }
+    }
+
+    /// For attention to a memory that stays the same for the whole sequence.
+    pub(crate) fn fixed() -> Self {
+        Self {
+            fixed: true,
+            heads: None,
+        }
+    }
+
+    /// Every key and value head so far, `project`ing the new ones (only on the first call of a
+    /// fixed cache).
+    fn heads(
+        &mut self,
+        project: impl FnOnce() -> (Tensor<4>, Tensor<4>),
+    ) -> (Tensor<4>, Tensor<4>) {
+        let heads = match (self.heads.take(), self.fixed) {
+            (Some(heads), true) => heads,
+            (Some((key, value)), false) => {
+                let (new_key, new_value) = project();
+                assert!(
+                    new_key.dims()[0] == key.dims()[0],
+                    "autoregressive inference: a batch of {} sequences, where the cache holds {}",
+                    new_key.dims()[0],
+                    key.dims()[0]
+                );
+                (
+                    Tensor::cat(vec![key, new_key], 2),
+                    Tensor::cat(vec![value, new_value], 2),
+                )
+            }
+            (None, _) => project(),
+        };
+        self.heads = Some(heads.clone());
+        heads
     }
 }
 

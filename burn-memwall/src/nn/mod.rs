@@ -37,8 +37,10 @@ pub use counter_embedding::CounterEmbedding;
 pub use counter_linear::{CounterLinear, CounterLinearConfig, CounterWeights};
 pub use flash_mha::{FlashMhaInput, FlashMultiHeadAttention};
 pub use flash_transformer::{
-    FlashTransformerDecoder, FlashTransformerDecoderInput, FlashTransformerDecoderLayer,
-    FlashTransformerEncoder, FlashTransformerEncoderInput, FlashTransformerEncoderLayer,
+    FlashTransformerDecoder, FlashTransformerDecoderAutoregressiveCache,
+    FlashTransformerDecoderInput, FlashTransformerDecoderLayer, FlashTransformerEncoder,
+    FlashTransformerEncoderAutoregressiveCache, FlashTransformerEncoderInput,
+    FlashTransformerEncoderLayer,
 };
 pub use fused_linear_cross_entropy_loss::{
     FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig,

@@ -104,7 +104,7 @@ impl<'a> Routed<'a> {
 
     /// `layer.forward(input)` with the four linears routed.
     pub fn flash_mha(&self, layer: &FlashMultiHeadAttention, input: FlashMhaInput) -> Tensor<3> {
-        layer.forward_routed(input, *self)
+        layer.forward_routed(input, *self, None)
     }
 
     /// `encoder.forward(input)` with every linear and layer norm routed.

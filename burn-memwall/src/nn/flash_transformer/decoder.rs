@@ -7,7 +7,8 @@ use burn::nn::transformer::{
 use burn::nn::{Dropout, LayerNorm};
 use burn::prelude::*;
 
-use super::residual;
+use super::{SeenOutput, residual};
+use crate::nn::flash_mha::KeyValueCache;
 use crate::nn::{FlashMhaInput, FlashMultiHeadAttention, Routed};
 
 /// Drop-in for [`TransformerDecoder`]: the same config ([`TransformerDecoderConfig`]), the same
@@ -112,6 +113,16 @@ impl FlashTransformerDecoderInput {
         self.target_attention = self.target_attention.causal();
         self
     }
+
+    /// The masks for the last `new` target tokens, as a step of autoregressive inference
+    /// computes them.
+    fn last_queries(self, new: usize) -> Self {
+        Self {
+            target_attention: self.target_attention.last_queries(new),
+            memory_attention: self.memory_attention.last_queries(new),
+            ..self
+        }
+    }
 }
 
 impl FlashTransformerDecoder {
@@ -125,15 +136,79 @@ impl FlashTransformerDecoder {
     /// # Panics
     /// When the inputs or the masks do not fit the layers, naming the shapes.
     pub fn forward(&self, input: FlashTransformerDecoderInput) -> Tensor<3> {
-        self.layers
+        self.layers.iter().fold(input.target.clone(), |x, layer| {
+            layer.forward(x, &input, None)
+        })
+    }
+
+    /// Burn's `TransformerDecoder::forward_autoregressive_inference`: `input`'s target holds
+    /// the whole sequence so far, with the masks and options [`Self::forward`] would take for
+    /// it, and the result is `forward`'s for that sequence. Only the target tokens `cache` has
+    /// not seen are computed, attending to the target keys and values it holds; the memory's
+    /// keys and values are projected on the first call and reused, as Burn's cache does.
+    ///
+    /// # Shapes
+    /// - target: `[batch, s_target, d_model]`, `s_target` more than the last call's.
+    /// - memory: `[batch, s_memory, d_model]`, the same on every call.
+    /// - output: `[batch, s_target, d_model]`.
+    ///
+    /// # Panics
+    /// When the target is not longer than the sequence the cache has seen, when its batch
+    /// differs from the cache's, or as [`Self::forward`] does.
+    pub fn forward_autoregressive_inference(
+        &self,
+        input: FlashTransformerDecoderInput,
+        cache: &mut FlashTransformerDecoderAutoregressiveCache,
+    ) -> Tensor<3> {
+        let new = cache.seen.new_tokens(input.target.clone());
+        let input = input.last_queries(new.dims()[1]);
+        let new = self
+            .layers
             .iter()
-            .fold(input.target.clone(), |x, layer| layer.forward(x, &input))
+            .zip(&mut cache.layers)
+            .fold(new, |x, (layer, cache)| {
+                layer.forward(x, &input, Some(cache))
+            });
+        cache.seen.extend(new)
+    }
+
+    /// An empty cache for [`Self::forward_autoregressive_inference`], one per sequence.
+    pub fn new_autoregressive_cache(&self) -> FlashTransformerDecoderAutoregressiveCache {
+        let layer = || DecoderLayerCache {
+            self_attn: KeyValueCache::growing(),
+            cross_attn: KeyValueCache::fixed(),
+        };
+        FlashTransformerDecoderAutoregressiveCache {
+            layers: self.layers.iter().map(|_| layer()).collect(),
+            seen: SeenOutput::default(),
+        }
     }
 }
 
+/// What [`FlashTransformerDecoder::forward_autoregressive_inference`] keeps between calls: each
+/// layer's key and value heads, of the target and of the memory, and the output so far.
+#[derive(Debug)]
+pub struct FlashTransformerDecoderAutoregressiveCache {
+    layers: Vec<DecoderLayerCache>,
+    seen: SeenOutput,
+}
+
+/// One decoder layer's key and value heads.
+#[derive(Debug)]
+struct DecoderLayerCache {
+    self_attn: KeyValueCache,
+    cross_attn: KeyValueCache,
+}
+
 impl FlashTransformerDecoderLayer {
-    /// Burn's `TransformerDecoderLayer::forward` on flash attention.
-    fn forward(&self, x: Tensor<3>, input: &FlashTransformerDecoderInput) -> Tensor<3> {
+    /// Burn's `TransformerDecoderLayer::forward` on flash attention. With a `cache`, `x` holds
+    /// the new target tokens only.
+    fn forward(
+        &self,
+        x: Tensor<3>,
+        input: &FlashTransformerDecoderInput,
+        cache: Option<&mut DecoderLayerCache>,
+    ) -> Tensor<3> {
         // Burn's norms: pre-norm, norm_3, norm_1 and norm_2 before the self-attention, the
         // cross-attention and the feed-forward; post-norm, norm_1, norm_2 and norm_3 after them.
         let [self_norm, cross_norm, ff_norm] = match self.norm_first {
@@ -142,16 +217,20 @@ impl FlashTransformerDecoderLayer {
         };
         // The decoder's parameters are read with `val()`: it is not routed through `InBackward`.
         let plain = Routed::new(None);
+        let (self_cache, cross_cache) = match cache {
+            Some(cache) => (Some(&mut cache.self_attn), Some(&mut cache.cross_attn)),
+            None => (None, None),
+        };
         let x = residual(x, self.norm_first, self_norm, &self.dropout, plain, |x| {
             let attention = input.target_attention.clone();
-            self.self_attn
-                .forward(attention.with_inputs(x.clone(), x.clone(), x))
+            let input = attention.with_inputs(x.clone(), x.clone(), x);
+            self.self_attn.forward_routed(input, plain, self_cache)
         });
         let x = residual(x, self.norm_first, cross_norm, &self.dropout, plain, |x| {
             let attention = input.memory_attention.clone();
             let memory = input.memory.clone();
-            self.cross_attn
-                .forward(attention.with_inputs(x, memory.clone(), memory))
+            let input = attention.with_inputs(x, memory.clone(), memory);
+            self.cross_attn.forward_routed(input, plain, cross_cache)
         });
         residual(x, self.norm_first, ff_norm, &self.dropout, plain, |x| {
             self.pwff.forward(x)

@@ -7,7 +7,8 @@ use burn::nn::transformer::{
 use burn::nn::{Dropout, LayerNorm};
 use burn::prelude::*;
 
-use super::residual;
+use super::{SeenOutput, residual};
+use crate::nn::flash_mha::KeyValueCache;
 use crate::nn::{FlashMhaInput, FlashMultiHeadAttention, Routed};
 
 /// Drop-in for [`TransformerEncoder`]: the same config ([`TransformerEncoderConfig`]), the
@@ -120,15 +121,73 @@ impl FlashTransformerEncoder {
     ) -> Tensor<3> {
         let FlashTransformerEncoderInput { tensor, attention } = input;
         self.layers.iter().fold(tensor, |x, layer| {
-            layer.forward(x, attention.clone(), route)
+            layer.forward(x, attention.clone(), route, None)
         })
     }
+
+    /// Burn's `TransformerEncoder::forward_autoregressive_inference`: `input` holds the whole
+    /// sequence so far, with the masks and options [`Self::forward`] would take for it, and the
+    /// result is `forward`'s for that sequence. Only the tokens `cache` has not seen are
+    /// computed, attending to the keys and values it holds: one token per call costs
+    /// `O(seq · d_model)` per layer, where Burn's recomputes every query's attention weights.
+    ///
+    /// # Shapes
+    /// - `input`: `[batch, seq, d_model]`, `seq` more than the last call's.
+    /// - output: `[batch, seq, d_model]`.
+    ///
+    /// # Panics
+    /// When `input` is not longer than the sequence the cache has seen, when its batch differs
+    /// from the cache's, or as [`Self::forward`] does.
+    pub fn forward_autoregressive_inference(
+        &self,
+        input: FlashTransformerEncoderInput,
+        cache: &mut FlashTransformerEncoderAutoregressiveCache,
+    ) -> Tensor<3> {
+        let FlashTransformerEncoderInput { tensor, attention } = input;
+        let new = cache.seen.new_tokens(tensor);
+        let attention = attention.last_queries(new.dims()[1]);
+        let new = self
+            .layers
+            .iter()
+            .zip(&mut cache.layers)
+            .fold(new, |x, (layer, cache)| {
+                layer.forward(x, attention.clone(), Routed::new(None), Some(cache))
+            });
+        cache.seen.extend(new)
+    }
+
+    /// An empty cache for [`Self::forward_autoregressive_inference`], one per sequence.
+    pub fn new_autoregressive_cache(&self) -> FlashTransformerEncoderAutoregressiveCache {
+        FlashTransformerEncoderAutoregressiveCache {
+            layers: self
+                .layers
+                .iter()
+                .map(|_| KeyValueCache::growing())
+                .collect(),
+            seen: SeenOutput::default(),
+        }
+    }
+}
+
+/// What [`FlashTransformerEncoder::forward_autoregressive_inference`] keeps between calls: each
+/// layer's key and value heads, and the output so far.
+#[derive(Debug)]
+pub struct FlashTransformerEncoderAutoregressiveCache {
+    layers: Vec<KeyValueCache>,
+    seen: SeenOutput,
 }
 
 impl FlashTransformerEncoderLayer {
     /// Burn's `TransformerEncoderLayer::forward` on flash attention; `attention` carries the
-    /// masks and options, its tensors are replaced by the layer's.
-    fn forward(&self, x: Tensor<3>, attention: FlashMhaInput, route: Routed) -> Tensor<3> {
+    /// masks and options, its tensors are replaced by the layer's. With a `cache`, `x` holds the
+    /// new tokens of the sequence only.
+    fn forward(
+        &self,
+        x: Tensor<3>,
+        attention: FlashMhaInput,
+        route: Routed,
+        cache: Option<&mut KeyValueCache>,
+    ) -> Tensor<3> {
         // Burn's norms: pre-norm, norm_2 before the attention and norm_1 before the
         // feed-forward; post-norm, norm_1 after the attention and norm_2 after the feed-forward.
         let (attention_norm, ff_norm) = match self.norm_first {
@@ -143,7 +202,7 @@ impl FlashTransformerEncoderLayer {
             route,
             |x| {
                 let input = attention.with_inputs(x.clone(), x.clone(), x);
-                self.mha.forward_routed(input, route)
+                self.mha.forward_routed(input, route, cache)
             },
         );
         residual(x, self.norm_first, ff_norm, &self.dropout, route, |x| {

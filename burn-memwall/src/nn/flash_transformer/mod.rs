@@ -6,10 +6,12 @@ mod decoder;
 mod encoder;
 
 pub use decoder::{
-    FlashTransformerDecoder, FlashTransformerDecoderInput, FlashTransformerDecoderLayer,
+    FlashTransformerDecoder, FlashTransformerDecoderAutoregressiveCache,
+    FlashTransformerDecoderInput, FlashTransformerDecoderLayer,
 };
 pub use encoder::{
-    FlashTransformerEncoder, FlashTransformerEncoderInput, FlashTransformerEncoderLayer,
+    FlashTransformerEncoder, FlashTransformerEncoderAutoregressiveCache,
+    FlashTransformerEncoderInput, FlashTransformerEncoderLayer,
 };
 
 use burn::nn::{Dropout, LayerNorm};
@@ -31,5 +33,39 @@ fn residual(
     match norm_first {
         true => x.clone() + dropout.forward(f(route.layer_norm(norm, x))),
         false => route.layer_norm(norm, x.clone() + dropout.forward(f(x))),
+    }
+}
+
+/// The part of a sequence an autoregressive cache has seen, as the output rows computed for it,
+/// `[batch, seen, d_model]`: each call of Burn's `forward_autoregressive_inference` returns the
+/// output for the whole sequence so far.
+#[derive(Debug, Default)]
+struct SeenOutput(Option<Tensor<3>>);
+
+impl SeenOutput {
+    /// The tokens of `sequence` `[batch, seq, d_model]` not seen yet.
+    ///
+    /// # Panics
+    /// When `sequence` is not longer than the part seen.
+    fn new_tokens(&self, sequence: Tensor<3>) -> Tensor<3> {
+        let seq = sequence.dims()[1];
+        let seen = self.0.as_ref().map_or(0, |output| output.dims()[1]);
+        assert!(
+            seq > seen,
+            "autoregressive inference: the input holds {seq} tokens and the cache has seen {seen}; \
+             each call gives the whole sequence so far, longer than the last (a new sequence \
+             needs a new cache)"
+        );
+        sequence.narrow(1, seen, seq - seen)
+    }
+
+    /// The output for the whole sequence, `new` `[batch, new tokens, d_model]` appended.
+    fn extend(&mut self, new: Tensor<3>) -> Tensor<3> {
+        let output = match self.0.take() {
+            Some(seen) => Tensor::cat(vec![seen, new], 1),
+            None => new,
+        };
+        self.0 = Some(output.clone());
+        output
     }
 }
