@@ -1,17 +1,20 @@
-//! Trains Burn's text-generation model, as written for Burn or swapped to burn-memwall, or
-//! measures one training step of it.
+//! Trains Burn's text-generation model, as written for Burn or swapped to burn-memwall,
+//! measures one training step of it, or continues a prompt with it.
 //!
 //! ```text
 //! cargo run --release -p text-generation -- train --model memwall [--text FILE] [--seq 512]
 //! cargo run --release -p text-generation -- measure --model burn --seq 2048
+//! cargo run --release -p text-generation -- generate --model memwall --from DIR --prompt TEXT
 //! ```
 //!
 //! `measure` prints one JSON line: the bytes held at the peak of a training step (forward,
 //! backward and the optimizer's update, as the `Learner` runs them) above what was live before
-//! it, and the step's time. Run each model in its own process, so that neither inherits the
-//! other's allocator state.
+//! it, and the step's time. `generate` streams the continuation to stdout and prints a JSON
+//! line to stderr: the tokens per second and the bytes held at the peak above the model. Run
+//! each model in its own process, so that neither inherits the other's allocator state.
 
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use burn::data::dataloader::batcher::Batcher;
@@ -29,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use text_generation::data::{
     ByteTokenizer, TextGenerationBatcher, TrainingTextGenerationBatch, text_items,
 };
-use text_generation::training::{ExperimentConfig, Variant, train};
+use text_generation::training::{CONFIG_FILE, ExperimentConfig, MODEL_FILE, Variant, train};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -58,6 +61,21 @@ enum Command {
     Measure {
         #[command(flatten)]
         run: Run,
+    },
+    /// Continue a prompt greedily, one byte at a time, through the encoder's autoregressive
+    /// cache.
+    Generate {
+        #[command(flatten)]
+        run: Run,
+        /// A folder `train` wrote (its model and config; either model loads either's); a fresh
+        /// model of the size given without it.
+        #[arg(long)]
+        from: Option<PathBuf>,
+        #[arg(long, default_value = "ROMEO:")]
+        prompt: String,
+        /// Bytes to generate; with the prompt, at most the model's sequence length.
+        #[arg(long, default_value_t = 200)]
+        tokens: usize,
     },
 }
 
@@ -133,8 +151,148 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let measurement = measure(&run, &device)?;
             println!("{}", serde_json::to_string(&measurement)?);
         }
+        Command::Generate {
+            run,
+            from,
+            prompt,
+            tokens,
+        } => {
+            let device = DeviceChoice::from_arg_or_env(Some(&run.device))?.device()?;
+            let measurement = generate(&run, from.as_deref(), &prompt, tokens, &device)?;
+            eprintln!("{}", serde_json::to_string(&measurement)?);
+        }
     }
     Ok(())
+}
+
+/// What `generate` prints to stderr.
+#[derive(Serialize, Deserialize, Debug)]
+struct GenerationMeasurement {
+    model: Variant,
+    device: String,
+    prompt_tokens: usize,
+    new_tokens: usize,
+    /// Bytes held at the peak of generation above the model: the cache and each step's work.
+    peak_bytes: u64,
+    /// The first call's time: the whole prompt through the encoder, and one token.
+    prompt_seconds: f64,
+    /// Tokens per second after the first, one call each.
+    tokens_per_second: f64,
+}
+
+/// Loads the model (`from`'s, or a fresh one of `run`'s size) and continues `prompt` by
+/// `tokens` bytes.
+fn generate(
+    run: &Run,
+    from: Option<&Path>,
+    prompt: &str,
+    tokens: usize,
+    device: &Device,
+) -> Result<GenerationMeasurement, Box<dyn std::error::Error>> {
+    let config = match from {
+        Some(dir) => ExperimentConfig::load(dir.join(CONFIG_FILE))
+            .map_err(|error| format!("{}: {error}", dir.join(CONFIG_FILE).display()))?,
+        None => run.config(),
+    };
+    let prompt = ByteTokenizer.encode(prompt);
+    if prompt.is_empty() || tokens < 2 || prompt.len() + tokens > config.max_seq_length {
+        return Err(format!(
+            "a prompt of {} bytes and {tokens} more must fit the model's {} positions (with a \
+             prompt and at least 2 tokens to generate)",
+            prompt.len(),
+            config.max_seq_length
+        )
+        .into());
+    }
+    device.seed(config.seed);
+    let meter = MemoryMeter::new(device);
+    let decoding = Decoding {
+        prompt: &prompt,
+        tokens,
+        device,
+        meter: &meter,
+    };
+    let (peak_bytes, [prompt_seconds, seconds]) = match run.model {
+        Variant::Burn => {
+            let model = loaded(config.model().init(device), from)?;
+            decoding.run(model.new_autoregressive_cache(), |tokens, cache| {
+                model.forward_next_token(tokens, cache)
+            })?
+        }
+        Variant::Memwall => {
+            let model = loaded(config.memwall_model().init(device), from)?;
+            decoding.run(model.new_autoregressive_cache(), |tokens, cache| {
+                model.forward_next_token(tokens, cache)
+            })?
+        }
+    };
+    Ok(GenerationMeasurement {
+        model: run.model,
+        device: burn_memwall::device::describe(device),
+        prompt_tokens: prompt.len(),
+        new_tokens: tokens,
+        peak_bytes,
+        prompt_seconds,
+        tokens_per_second: (tokens - 1) as f64 / seconds,
+    })
+}
+
+/// `model` with the parameters of `from`'s [`MODEL_FILE`], if given.
+fn loaded<M: burn::module::Module>(
+    model: M,
+    from: Option<&Path>,
+) -> Result<M, Box<dyn std::error::Error>> {
+    let Some(dir) = from else { return Ok(model) };
+    let file = dir.join(MODEL_FILE);
+    model
+        .try_load_file(&file)
+        .map_err(|error| format!("{}: {error}", file.display()).into())
+}
+
+/// Greedy decoding of `tokens` bytes after `prompt`, each written to stdout as it comes.
+struct Decoding<'a> {
+    prompt: &'a [usize],
+    tokens: usize,
+    device: &'a Device,
+    meter: &'a MemoryMeter,
+}
+
+impl Decoding<'_> {
+    /// Decodes with `next`, which gives the logits after the sequence so far and keeps what it
+    /// has seen in `cache`. Returns the bytes held at the peak above those live before, the
+    /// first call's seconds and the other calls'.
+    fn run<C>(
+        &self,
+        mut cache: C,
+        mut next: impl FnMut(Tensor<2, Int>, &mut C) -> Tensor<2>,
+    ) -> Result<(u64, [f64; 2]), Box<dyn std::error::Error>> {
+        let Self {
+            prompt,
+            tokens,
+            device,
+            meter,
+        } = *self;
+        let mut sequence: Vec<i64> = prompt.iter().map(|&token| token as i64).collect();
+        let mut stdout = std::io::stdout().lock();
+        let live = meter.live_bytes();
+        meter.reset_peak();
+        let mut seconds = [0.0; 2];
+        for step in 0..tokens {
+            let start = Instant::now();
+            let len = sequence.len();
+            let input = Tensor::from_data(TensorData::new(sequence.clone(), [1, len]), device);
+            // The padding token is no byte: the next token is the likeliest byte. Reading it back
+            // waits for the call's work.
+            let bytes = next(input, &mut cache).narrow(1, 0, ByteTokenizer::PAD_TOKEN);
+            let byte = bytes.argmax(1).into_scalar::<i64>();
+            seconds[usize::from(step > 0)] += start.elapsed().as_secs_f64();
+            sequence.push(byte);
+            stdout.write_all(&[byte as u8])?;
+            stdout.flush()?;
+        }
+        writeln!(stdout)?;
+        Ok((meter.peak_bytes().saturating_sub(live), seconds))
+    }
 }
 
 /// A warm-up step (it makes the optimizer state), then the measured one, on the text's first

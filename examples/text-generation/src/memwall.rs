@@ -1,6 +1,7 @@
 //! `model.rs` after the swap to burn-memwall (the README shows the diff): the encoder on flash
 //! attention with causality as an option instead of a mask, the head's loss fused so that no
-//! logits exist, and every parameter updated during backward, its gradient freed at once.
+//! logits exist, and every parameter updated during backward, its gradient freed at once; and,
+//! for generation, the flash encoder's autoregressive cache.
 
 use burn::lr_scheduler::module_lr_scheduler::ModuleLearningRate;
 use burn::nn::transformer::TransformerEncoderConfig;
@@ -9,8 +10,8 @@ use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
 use burn::train::{InferenceStep, TrainOutput, TrainStep};
 use burn_memwall::nn::{
-    FlashTransformerEncoder, FlashTransformerEncoderInput, FusedLinearCrossEntropyLossConfig,
-    Routed,
+    FlashTransformerEncoder, FlashTransformerEncoderAutoregressiveCache,
+    FlashTransformerEncoderInput, FusedLinearCrossEntropyLossConfig, Routed,
 };
 use burn_memwall::optim::InBackward;
 
@@ -94,6 +95,36 @@ impl TextGenerationModel {
         let loss = route.linear_cross_entropy(&loss, encoded, &self.output, targets);
 
         LossOutput { loss }
+    }
+
+    /// The logits `[batch, vocab]` of the token after `tokens` `[batch, seq]`, the whole
+    /// sequence so far; the encoder computes only what `cache` has not seen.
+    pub fn forward_next_token(
+        &self,
+        tokens: Tensor<2, Int>,
+        cache: &mut FlashTransformerEncoderAutoregressiveCache,
+    ) -> Tensor<2> {
+        let [batch_size, seq_length] = tokens.dims();
+        let device = &self.devices()[0];
+
+        let index_positions = Tensor::arange(0..seq_length as i64, device)
+            .reshape([1, seq_length])
+            .repeat_dim(0, batch_size);
+        let embedding_positions = self.embedding_pos.forward(index_positions);
+        let embedding_tokens = self.embedding_token.forward(tokens.to_device(device));
+        let embedding = (embedding_positions + embedding_tokens) / 2;
+
+        let encoded = self.transformer.forward_autoregressive_inference(
+            FlashTransformerEncoderInput::new(embedding).causal(),
+            cache,
+        );
+
+        let last = encoded.narrow(1, seq_length - 1, 1).squeeze_dim(1);
+        self.output.forward(last)
+    }
+
+    pub fn new_autoregressive_cache(&self) -> FlashTransformerEncoderAutoregressiveCache {
+        self.transformer.new_autoregressive_cache()
     }
 }
 

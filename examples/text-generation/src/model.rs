@@ -1,11 +1,13 @@
 //! The model as a Burn user writes it, after Burn's `examples/text-generation`: token and
 //! position embeddings, Burn's `TransformerEncoder` with the autoregressive and padding masks,
-//! a `Linear` head and `CrossEntropyLoss` on the full logits.
+//! a `Linear` head and `CrossEntropyLoss` on the full logits; and, for generation, the
+//! encoder's autoregressive cache.
 
 use burn::nn::attention::generate_autoregressive_mask;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::transformer::{
-    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+    TransformerEncoder, TransformerEncoderAutoregressiveCache, TransformerEncoderConfig,
+    TransformerEncoderInput,
 };
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::prelude::*;
@@ -90,6 +92,37 @@ impl TextGenerationModel {
             output: output_flatten,
             targets: targets_flatten,
         }
+    }
+
+    /// The logits `[batch, vocab]` of the token after `tokens` `[batch, seq]`, the whole
+    /// sequence so far; the encoder computes only what `cache` has not seen.
+    pub fn forward_next_token(
+        &self,
+        tokens: Tensor<2, Int>,
+        cache: &mut TransformerEncoderAutoregressiveCache,
+    ) -> Tensor<2> {
+        let [batch_size, seq_length] = tokens.dims();
+        let device = &self.devices()[0];
+
+        let index_positions = Tensor::arange(0..seq_length as i64, device)
+            .reshape([1, seq_length])
+            .repeat_dim(0, batch_size);
+        let embedding_positions = self.embedding_pos.forward(index_positions);
+        let embedding_tokens = self.embedding_token.forward(tokens.to_device(device));
+        let embedding = (embedding_positions + embedding_tokens) / 2;
+
+        let mask_attn = generate_autoregressive_mask(batch_size, seq_length, device);
+        let encoded = self.transformer.forward_autoregressive_inference(
+            TransformerEncoderInput::new(embedding).mask_attn(mask_attn),
+            cache,
+        );
+
+        let last = encoded.narrow(1, seq_length - 1, 1).squeeze_dim(1);
+        self.output.forward(last)
+    }
+
+    pub fn new_autoregressive_cache(&self) -> TransformerEncoderAutoregressiveCache {
+        self.transformer.new_autoregressive_cache()
     }
 }
 

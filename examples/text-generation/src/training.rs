@@ -77,10 +77,11 @@ impl ExperimentConfig {
 }
 
 /// Trains `variant` on `train_text`, validating on `valid_text`, with the run's files (burn-train's
-/// metric logs and checkpoints) in `artifact_dir`.
+/// metric logs and checkpoints) in `artifact_dir`, and at the end the trained model
+/// (`MODEL_FILE`) and the run's config (`CONFIG_FILE`).
 ///
 /// # Errors
-/// The error that stopped the run.
+/// The error that stopped the run, or that saving the model met.
 pub fn train(
     device: &Device,
     train_text: &str,
@@ -100,12 +101,13 @@ pub fn train(
         .with_warmup_steps(config.warmup_steps)
         .with_model_size(config.transformer.d_model)
         .init()?;
-    let error = match variant {
+    match variant {
         Variant::Burn => {
             let model = config.model().init(&autodiff);
             let strategy = ExecutionStrategy::SingleDevice(autodiff.clone()).into();
             let learner = Learner::new(model, optimizer, scheduler);
-            launch(learner, strategy, loaders, config, artifact_dir).error
+            let result = launch(learner, strategy, loaders, config, artifact_dir);
+            save(result, config, artifact_dir)
         }
         Variant::Memwall => {
             let model = config.memwall_model().init(&autodiff);
@@ -116,10 +118,36 @@ pub fn train(
                 .with_in_backward(model.in_backward().clone());
             let strategy = TrainingStrategy::Custom(Arc::new(strategy));
             let learner = Learner::new(model, optimizer, scheduler);
-            launch(learner, strategy, loaders, config, artifact_dir).error
+            let result = launch(learner, strategy, loaders, config, artifact_dir);
+            save(result, config, artifact_dir)
         }
-    };
-    error.map_or(Ok(()), |error| Err(error.to_string()))
+    }
+}
+
+/// The trained model's file in a run's folder: a burnpack record, which either variant loads,
+/// since the swapped model keeps every parameter path of Burn's.
+pub const MODEL_FILE: &str = "model.bpk";
+/// The run's [`ExperimentConfig`] in a run's folder.
+pub const CONFIG_FILE: &str = "config.json";
+
+/// The run's end: its error, or its model and config saved in `artifact_dir`.
+fn save<M: Module>(
+    result: LearningResult<M>,
+    config: &ExperimentConfig,
+    artifact_dir: &Path,
+) -> Result<(), String> {
+    if let Some(error) = result.error {
+        return Err(error.to_string());
+    }
+    let model_file = artifact_dir.join(MODEL_FILE);
+    result
+        .model
+        .save_file(&model_file)
+        .map_err(|error| format!("saving {}: {error}", model_file.display()))?;
+    let config_file = artifact_dir.join(CONFIG_FILE);
+    config
+        .save(&config_file)
+        .map_err(|error| format!("saving {}: {error}", config_file.display()))
 }
 
 type Loader = Arc<dyn DataLoader<TrainingTextGenerationBatch>>;

@@ -1,6 +1,8 @@
 //! The swap changes the memory, not the training: Burn's model and the swapped one, trained
-//! through the `Learner` from the same seed on the same data, lose the same at every step; and
-//! a step of the swapped one holds less at its peak, measured in separate processes.
+//! through the `Learner` from the same seed on the same data, lose the same at every step, and
+//! each loads the other's trained weights and predicts the same next tokens through its
+//! autoregressive cache; a step of the swapped one holds less at its peak, measured in separate
+//! processes.
 
 use std::path::Path;
 use std::process::Command;
@@ -12,7 +14,22 @@ use burn::train::logger::{FileMetricLogger, MetricLogger};
 use burn::train::metric::NumericEntry;
 use burn::train::metric::store::Split;
 use burn_memwall_models::data::DEFAULT_CORPUS;
-use text_generation::training::{ExperimentConfig, Variant, train};
+use text_generation::data::ByteTokenizer;
+use text_generation::training::{ExperimentConfig, MODEL_FILE, Variant, train};
+
+/// Held by each test that seeds the device: Flex has one generator per process.
+static SEEDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn take_turn() -> std::sync::MutexGuard<'static, ()> {
+    SEEDING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A tensor's values on the host.
+fn host(t: Tensor<2>) -> Vec<f32> {
+    t.into_data().try_into_vec_as::<f32>().unwrap()
+}
 
 /// Each training step's loss, as burn-train logged it in `dir`.
 fn logged_losses(dir: &Path) -> Vec<f64> {
@@ -27,6 +44,7 @@ fn logged_losses(dir: &Path) -> Vec<f64> {
 
 #[test]
 fn the_swapped_model_loses_what_burns_loses_at_every_step() {
+    let _turn = take_turn();
     // Dropout 0: the swapped attention draws its dropout from flash attention's generator,
     // not from Burn's, so with dropout the two runs drop different weights.
     let transformer = TransformerEncoderConfig::new(32, 64, 2, 2)
@@ -50,10 +68,10 @@ fn the_swapped_model_loses_what_burns_loses_at_every_step() {
             dir.path(),
         )
         .unwrap();
-        logged_losses(dir.path())
+        (logged_losses(dir.path()), dir)
     };
-    let burn = run(Variant::Burn);
-    let memwall = run(Variant::Memwall);
+    let (burn, burn_dir) = run(Variant::Burn);
+    let (memwall, memwall_dir) = run(Variant::Memwall);
 
     assert!(burn.len() >= 15, "an epoch of {} steps", burn.len());
     assert_eq!(burn.len(), memwall.len(), "the same steps");
@@ -67,6 +85,50 @@ fn the_swapped_model_loses_what_burns_loses_at_every_step() {
     assert_ne!(burn, memwall, "the two runs must be two computations");
     let (first, last) = (burn[0], burn[burn.len() - 1]);
     assert!(last < first - 0.5, "it trains: {first} then {last}");
+
+    for dir in [&burn_dir, &memwall_dir] {
+        assert_same_next_tokens(&dir.path().join(MODEL_FILE), &config, &device);
+    }
+}
+
+/// Both models loaded from `model_file`, fed the same bytes (those Burn's model finds likeliest)
+/// after a prompt, one per call through their autoregressive caches: the same logits each call.
+fn assert_same_next_tokens(model_file: &Path, config: &ExperimentConfig, device: &Device) {
+    let fresh = config.model().init(device);
+    let burn = fresh.clone().load_file(model_file);
+    let memwall = config.memwall_model().init(device).load_file(model_file);
+    let (mut fresh_cache, mut burn_cache, mut cache) = (
+        fresh.new_autoregressive_cache(),
+        burn.new_autoregressive_cache(),
+        memwall.new_autoregressive_cache(),
+    );
+    let mut sequence: Vec<i64> = ByteTokenizer
+        .encode("ROMEO: ")
+        .into_iter()
+        .map(|token| token as i64)
+        .collect();
+    while sequence.len() < config.max_seq_length {
+        let len = sequence.len();
+        let input =
+            Tensor::<2, Int>::from_data(TensorData::new(sequence.clone(), [1, len]), device);
+        let want = burn.forward_next_token(input.clone(), &mut burn_cache);
+        let got = host(memwall.forward_next_token(input.clone(), &mut cache));
+        let untrained = host(fresh.forward_next_token(input, &mut fresh_cache));
+        let largest = host(want.clone())
+            .iter()
+            .fold(1.0f32, |m, w| m.max(w.abs()));
+        let mut loaded = false;
+        for (i, (g, w)) in got.iter().zip(host(want.clone())).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-4 * (w.abs() + largest),
+                "{} at {len} tokens, logit {i}: swapped {g}, Burn's {w}",
+                model_file.display()
+            );
+            loaded |= (untrained[i] - w).abs() > 0.1;
+        }
+        assert!(loaded, "the file's weights are not a fresh model's");
+        sequence.push(want.argmax(1).into_scalar::<i64>());
+    }
 }
 
 /// `measure`'s peak for `variant` at `seq`, from its own process.
@@ -112,4 +174,33 @@ fn the_swapped_step_peaks_lower_and_the_gap_grows_with_the_sequence() {
         ratios[1] > 2.0 * ratios[0],
         "the saving grows with the sequence: {ratios:?}"
     );
+}
+
+/// Burn draws a parameter's initial value when it is first read, so the swapped model holds
+/// Burn's model's weights from the same seed only if its forward pass reads them in Burn's
+/// order: the two fresh models' first predictions agree.
+#[test]
+fn fresh_models_from_one_seed_predict_alike() {
+    let _turn = take_turn();
+    let config = ExperimentConfig::new(
+        TransformerEncoderConfig::new(32, 64, 2, 2),
+        AdamConfig::new(),
+    )
+    .with_max_seq_length(16);
+    let device = Device::flex();
+    let tokens =
+        Tensor::<2, Int>::from_data(TensorData::new(vec![72i64, 105, 33], [1, 3]), &device);
+    device.seed(7);
+    let burn = config.model().init(&device);
+    let want = burn.forward_next_token(tokens.clone(), &mut burn.new_autoregressive_cache());
+    device.seed(7);
+    let memwall = config.memwall_model().init(&device);
+    let got = memwall.forward_next_token(tokens, &mut memwall.new_autoregressive_cache());
+    let (want, got) = (host(want), host(got));
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+            "logit {i}: swapped {g}, Burn's {w}"
+        );
+    }
 }
