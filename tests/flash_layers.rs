@@ -1,7 +1,8 @@
 //! The flash layers against Burn's holding the same weights: `FlashMultiHeadAttention`,
 //! `FlashTransformerEncoder` and `FlashTransformerDecoder` against `MultiHeadAttention`,
 //! `TransformerEncoder` and `TransformerDecoder`: output and every gradient, with and without
-//! key padding and an attention mask.
+//! key padding and an attention mask; the encoder's reversible switch against its couplings
+//! computed plainly on Burn's layers.
 
 mod common;
 
@@ -332,6 +333,41 @@ fn assert_same_parameter_gradients<M: Module, N: Module>(
     }
 }
 
+/// `flash` against `reference` over Burn's encoder holding the same weights, both given the
+/// same input, padding (the last 7 tokens of the last sequence) and Burn's autoregressive mask:
+/// the same output, input gradient and parameter gradients (by path).
+fn assert_encoder_matches(
+    label: &dyn Fn(&str) -> String,
+    flash: &FlashTransformerEncoder,
+    burn_encoder: &TransformerEncoder,
+    [batch, seq]: [usize; 2],
+    reference: impl FnOnce(Tensor<3>, Tensor<2, Bool>, Tensor<3, Bool>) -> Tensor<3>,
+) {
+    let device = flash.devices()[0].clone();
+    let x = normal([batch, seq, D_MODEL], &device);
+    let d_out = normal([batch, seq, D_MODEL], &device);
+    let pad = padding(batch, seq, 7, &device);
+    let causal = generate_autoregressive_mask(batch, seq, &device);
+
+    let x_burn = x.clone().require_grad();
+    let want = reference(x_burn.clone(), pad.clone(), causal.clone());
+    let x_flash = x.require_grad();
+    let got = flash.forward(
+        FlashTransformerEncoderInput::new(x_flash.clone())
+            .mask_pad(pad)
+            .mask_attn(causal),
+    );
+    assert_close(&label("output"), &host(got.clone()), &host(want.clone()));
+    let want_grads = (want * d_out.clone()).sum().backward();
+    let got_grads = (got * d_out).sum().backward();
+    assert_close(
+        &label("dx"),
+        &host(x_flash.grad(&got_grads).unwrap()),
+        &host(x_burn.grad(&want_grads).unwrap()),
+    );
+    assert_same_parameter_gradients(label, flash, &got_grads, burn_encoder, &want_grads);
+}
+
 /// Burn's encoder and the flash one converted from it: the same output and gradients (input
 /// and every parameter), post- and pre-norm, with Burn's autoregressive mask and padding, and
 /// with quiet softmax.
@@ -348,35 +384,22 @@ fn the_encoder_matches_burns_with_the_same_weights() {
                 .with_quiet_softmax(quiet);
             let burn_encoder: TransformerEncoder = config.init(&autodiff).map(&mut Perturb);
             let flash = FlashTransformerEncoder::from(burn_encoder.clone());
-            let x = normal([batch, seq, D_MODEL], &autodiff);
-            let d_out = normal([batch, seq, D_MODEL], &autodiff);
-            let pad = padding(batch, seq, 7, &autodiff);
-            let causal = generate_autoregressive_mask(batch, seq, &autodiff);
-
-            let x_burn = x.clone().require_grad();
-            let want = burn_encoder.forward(
-                TransformerEncoderInput::new(x_burn.clone())
-                    .mask_pad(pad.clone())
-                    .mask_attn(causal.clone()),
-            );
-            let x_flash = x.require_grad();
-            let got = flash.forward(
-                FlashTransformerEncoderInput::new(x_flash.clone())
-                    .mask_pad(pad)
-                    .mask_attn(causal),
-            );
             let label = |name: &str| {
                 format!("encoder {name} (norm_first {norm_first}, quiet {quiet}, {device:?})")
             };
-            assert_close(&label("output"), &host(got.clone()), &host(want.clone()));
-            let want_grads = (want * d_out.clone()).sum().backward();
-            let got_grads = (got * d_out).sum().backward();
-            assert_close(
-                &label("dx"),
-                &host(x_flash.grad(&got_grads).unwrap()),
-                &host(x_burn.grad(&want_grads).unwrap()),
+            assert_encoder_matches(
+                &label,
+                &flash,
+                &burn_encoder,
+                [batch, seq],
+                |x, pad, mask| {
+                    burn_encoder.forward(
+                        TransformerEncoderInput::new(x)
+                            .mask_pad(pad)
+                            .mask_attn(mask),
+                    )
+                },
             );
-            assert_same_parameter_gradients(&label, &flash, &got_grads, &burn_encoder, &want_grads);
         }
     }
 }
@@ -564,4 +587,101 @@ fn a_cache_refuses_a_sequence_it_has_already_seen() {
         let input = FlashTransformerEncoderInput::new(x.clone()).causal();
         encoder.forward_autoregressive_inference(input, &mut cache);
     }
+}
+
+/// A reversible encoder's function in plain autodiff ops on Burn's own layers: two streams
+/// starting as `x`, each layer `y₁ = x₁ + mha(norm_2(x₂))`, `y₂ = x₂ + pwff(norm_1(y₁))`, and
+/// the streams' mean; every activation kept, every gradient Burn's.
+fn reversible_reference(
+    encoder: &TransformerEncoder,
+    x: Tensor<3>,
+    pad: Tensor<2, Bool>,
+    mask: Tensor<3, Bool>,
+) -> Tensor<3> {
+    let [first, second] = encoder
+        .layers
+        .iter()
+        .fold([x.clone(), x], |[x1, x2], layer| {
+            let attention = MhaInput::self_attn(layer.norm_2.forward(x2.clone()))
+                .mask_pad(pad.clone())
+                .mask_attn(mask.clone());
+            let y1 = x1 + layer.mha.forward(attention).context;
+            let y2 = x2 + layer.pwff.forward(layer.norm_1.forward(y1.clone()));
+            [y1, y2]
+        });
+    (first + second) / 2
+}
+
+/// The reversible encoder (`with_reversible(true)`) against its function computed plainly on
+/// Burn's layers with the same weights: output and every gradient (input and each parameter,
+/// which the backward pass computes on inputs it rebuilds), with padding and Burn's
+/// autoregressive mask.
+#[test]
+fn the_reversible_encoder_computes_its_couplings_and_their_gradients() {
+    let _turn = common::take_turn();
+    let (batch, seq) = (2, 21);
+    for device in common::devices() {
+        let autodiff = device.clone().autodiff();
+        let config = TransformerEncoderConfig::new(D_MODEL, 2 * D_MODEL, HEADS, 3)
+            .with_dropout(0.0)
+            .with_norm_first(true);
+        let burn_encoder: TransformerEncoder = config.init(&autodiff).map(&mut Perturb);
+        let flash = FlashTransformerEncoder::from(burn_encoder.clone()).with_reversible(true);
+        let label = |name: &str| format!("reversible encoder {name} ({device:?})");
+        assert_encoder_matches(
+            &label,
+            &flash,
+            &burn_encoder,
+            [batch, seq],
+            |x, pad, mask| reversible_reference(&burn_encoder, x, pad, mask),
+        );
+    }
+}
+
+/// A reversible encoder's autoregressive inference, a prompt of 3 tokens and then one per
+/// call, equals its own forward of the whole sequence (padding and the causal option).
+#[test]
+fn the_reversible_encoder_infers_autoregressively() {
+    let _turn = common::take_turn();
+    let (batch, seq, prompt) = (2, 8, 3);
+    for device in common::devices() {
+        let config = TransformerEncoderConfig::new(D_MODEL, 2 * D_MODEL, HEADS, 2)
+            .with_dropout(0.0)
+            .with_norm_first(true);
+        let encoder = FlashTransformerEncoder::new(&config, &device)
+            .map(&mut Perturb)
+            .with_reversible(true);
+        let x = normal([batch, seq, D_MODEL], &device);
+        let pad = padding(batch, seq, 2, &device);
+        let input = |len: usize| {
+            FlashTransformerEncoderInput::new(x.clone().narrow(1, 0, len))
+                .mask_pad(pad.clone().narrow(1, 0, len))
+                .causal()
+        };
+        let whole = encoder.forward(input(seq));
+        let mut cache = encoder.new_autoregressive_cache();
+        for len in prompt..=seq {
+            let got = encoder.forward_autoregressive_inference(input(len), &mut cache);
+            assert_close(
+                &format!("reversible encoder at {len} tokens ({device:?})"),
+                &host(got),
+                &host(whole.clone().narrow(1, 0, len)),
+            );
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "reversible blocks need pre-norm layers (norm_first = true)")]
+fn a_reversible_encoder_refuses_post_norm() {
+    let config = TransformerEncoderConfig::new(D_MODEL, 2 * D_MODEL, HEADS, 1).with_dropout(0.0);
+    FlashTransformerEncoder::new(&config, &Device::flex()).with_reversible(true);
+}
+
+#[test]
+#[should_panic(expected = "reversible blocks need a dropout of 0 (the layers have 0.1")]
+fn a_reversible_encoder_refuses_dropout() {
+    let config =
+        TransformerEncoderConfig::new(D_MODEL, 2 * D_MODEL, HEADS, 1).with_norm_first(true);
+    FlashTransformerEncoder::new(&config, &Device::flex()).with_reversible(true);
 }

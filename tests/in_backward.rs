@@ -306,18 +306,20 @@ fn the_language_model_trains_the_same_in_backward() {
 
 /// `FlashTransformerEncoder` routed (`Routed::flash_encoder`): every linear and layer norm of
 /// every layer is updated during backward, and the training is Burn's AdamW step's, pre- and
-/// post-norm, with padding and causal attention.
+/// post-norm and reversible (updated inside the sequence's own backward), with padding and
+/// causal attention.
 #[test]
 fn the_flash_encoder_updates_every_parameter_in_backward() {
     use burn::nn::transformer::TransformerEncoderConfig;
     use burn_memwall::nn::{FlashTransformerEncoder, FlashTransformerEncoderInput};
     let device = Device::flex().autodiff();
-    for norm_first in [false, true] {
+    for (norm_first, reversible) in [(false, false), (true, false), (true, true)] {
         let config = TransformerEncoderConfig::new(16, 32, 2, 2)
             .with_dropout(0.0)
             .with_norm_first(norm_first);
         device.seed(7);
-        let mut standard = FlashTransformerEncoder::new(&config, &device);
+        let mut standard =
+            FlashTransformerEncoder::new(&config, &device).with_reversible(reversible);
         let mut routed = standard.clone();
         let in_backward = InBackward::new();
         let x = Tensor::<3>::random([2, 5, 16], burn::tensor::Distribution::Default, &device);
@@ -347,7 +349,13 @@ fn the_flash_encoder_updates_every_parameter_in_backward() {
             let params = parameters(&routed).len();
             assert_eq!((counts.after_backward, counts.in_backward), (0, params));
             for (got, want) in parameters(&routed).into_iter().zip(parameters(&standard)) {
-                assert_close("parameter", &(norm_first, step), 1e-5, got, want);
+                assert_close(
+                    "parameter",
+                    &(norm_first, reversible, step),
+                    1e-5,
+                    got,
+                    want,
+                );
             }
         }
     }

@@ -1,7 +1,7 @@
 //! `ReversibleSequence` against the same couplings run as a plain sequence under autodiff: the
 //! same output and the same gradients of the input and of every parameter; how far rebuilt
 //! inputs drift with depth and how anchors bound it; and the memory claim (the activation peak
-//! does not grow with depth).
+//! does not grow with depth, for the sequence and for `FlashTransformerEncoder::with_reversible`).
 
 mod common;
 
@@ -320,24 +320,61 @@ fn train_peaks(depth: usize) -> (u64, u64) {
 #[test]
 fn the_activation_peak_does_not_grow_with_depth() {
     let _turn = common::take_turn(); // peak readings are process-wide
-    let (reversible_8, plain_8) = train_peaks(8);
-    let (reversible_32, plain_32) = train_peaks(32);
+    assert_flat_in_depth("sequence", [8, 32], train_peaks);
+}
+
+/// At 4× the depth (`depths`), the reversible peak grows at most 1.3×, and the plain one, the
+/// control that the measurement sees activations, at least 3×; `peaks` gives both at a depth.
+fn assert_flat_in_depth(what: &str, depths: [usize; 2], peaks: impl Fn(usize) -> (u64, u64)) {
+    let [(reversible_a, plain_a), (reversible_b, plain_b)] = depths.map(peaks);
     let (reversible_growth, plain_growth) = (
-        reversible_32 as f64 / reversible_8 as f64,
-        plain_32 as f64 / plain_8 as f64,
+        reversible_b as f64 / reversible_a as f64,
+        plain_b as f64 / plain_a as f64,
     );
     eprintln!(
-        "depth 8 → 32: reversible {reversible_8} → {reversible_32} (×{reversible_growth:.2}), \
-         plain {plain_8} → {plain_32} (×{plain_growth:.2})"
+        "{what}, depth {depths:?}: reversible {reversible_a} → {reversible_b} \
+         (×{reversible_growth:.2}), plain {plain_a} → {plain_b} (×{plain_growth:.2})"
     );
     assert!(
         reversible_growth <= 1.3,
-        "the reversible peak grew ×{reversible_growth:.2} for ×4 depth"
+        "the reversible {what}'s peak grew ×{reversible_growth:.2} for ×4 depth"
     );
     assert!(
         plain_growth >= 3.0,
-        "the measurement must see the plain stack's linear growth (×{plain_growth:.2})"
+        "the measurement must see the plain {what}'s linear growth (×{plain_growth:.2})"
     );
+}
+
+/// Peak bytes of one forward + backward of Burn's transformer encoder on flash attention at
+/// `depth` on Flex, above what was live before (the parameters), reversible and standard (the
+/// plain stack).
+fn encoder_train_peaks(depth: usize) -> (u64, u64) {
+    use burn::nn::transformer::TransformerEncoderConfig;
+    use burn_memwall::nn::{FlashTransformerEncoder, FlashTransformerEncoderInput};
+    let device = Device::flex().autodiff();
+    device.seed(5);
+    let config = TransformerEncoderConfig::new(32, 64, 2, depth)
+        .with_dropout(0.0)
+        .with_norm_first(true);
+    let standard = FlashTransformerEncoder::new(&config, &device);
+    let _ = parameters(&standard); // draws every weight before measuring
+    let reversible = standard.clone().with_reversible(true);
+    let step = |encoder: &FlashTransformerEncoder| {
+        let x = host_tensor([8, 256, 32], 0.5, &device).require_grad();
+        let y = encoder.forward(FlashTransformerEncoderInput::new(x).causal());
+        drop(y.sum().backward());
+    };
+    // The first training forward also checks that F and G are deterministic: a one-off.
+    step(&reversible);
+    let peak = |encoder| common::peak_of(&Device::flex(), || step(encoder));
+    (peak(&reversible), peak(&standard))
+}
+
+/// `FlashTransformerEncoder::with_reversible` keeps the claim of the sequence it runs on.
+#[test]
+fn the_reversible_encoders_activation_peak_does_not_grow_with_depth() {
+    let _turn = common::take_turn(); // peak readings are process-wide
+    assert_flat_in_depth("encoder", [2, 8], encoder_train_peaks);
 }
 
 /// The first training forward also checks that F and G are deterministic, and Burn's autodiff

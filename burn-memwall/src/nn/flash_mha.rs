@@ -52,9 +52,7 @@ pub struct FlashMhaInput {
     query: Tensor<3>,
     key: Tensor<3>,
     value: Tensor<3>,
-    mask_pad: Option<Tensor<2, Bool>>,
-    mask_attn: Option<Tensor<3, Bool>>,
-    options: FlashAttentionOptions,
+    masks: AttentionMasks,
 }
 
 impl FlashMhaInput {
@@ -65,42 +63,89 @@ impl FlashMhaInput {
 
     /// query `[batch, s_1, d_model]` attending to key and value `[batch, s_2, d_model]`.
     pub fn new(query: Tensor<3>, key: Tensor<3>, value: Tensor<3>) -> Self {
-        Self {
-            query,
-            key,
-            value,
-            mask_pad: None,
-            mask_attn: None,
-            options: FlashAttentionOptions::default(),
-        }
+        Self::with_masks(query, key, value, AttentionMasks::default())
     }
 
-    /// The same masks and options over other inputs: a transformer layer's input carries its
-    /// masks to every layer this way.
-    pub(crate) fn with_inputs(self, query: Tensor<3>, key: Tensor<3>, value: Tensor<3>) -> Self {
+    /// The inputs with `masks`: a transformer layer's input carries its masks to every layer
+    /// this way.
+    pub(crate) fn with_masks(
+        query: Tensor<3>,
+        key: Tensor<3>,
+        value: Tensor<3>,
+        masks: AttentionMasks,
+    ) -> Self {
         Self {
             query,
             key,
             value,
-            ..self
+            masks,
         }
     }
 
     /// `[batch, s_2]`, true for padding keys that no query may see.
     pub fn mask_pad(mut self, mask_pad: Tensor<2, Bool>) -> Self {
-        self.mask_pad = Some(mask_pad);
+        self.masks = self.masks.mask_pad(mask_pad);
         self
     }
 
     /// `[batch, s_1, s_2]` (or `[1, s_1, s_2]`), true where a query must not see a key; combined
     /// with [`mask_pad`](Self::mask_pad) when both are given.
     pub fn mask_attn(mut self, mask_attn: Tensor<3, Bool>) -> Self {
-        self.mask_attn = Some(mask_attn);
+        self.masks = self.masks.mask_attn(mask_attn);
         self
     }
 
-    /// The same input for the last `new` queries of its sequence, as a step of autoregressive
-    /// inference computes them: a `mask_attn` with a row for every query keeps the last `new`.
+    /// Query `i` sees keys up to `i + s_2 − s_1` (causal, aligned to the end as with a KV cache).
+    pub fn causal(mut self) -> Self {
+        self.masks = self.masks.causal();
+        self
+    }
+
+    /// Causal, and only the last `window` keys (sliding-window attention).
+    pub fn window(mut self, window: usize) -> Self {
+        self.masks = self.masks.window(window);
+        self
+    }
+}
+
+/// The masks and positional options of an attention, apart from its inputs: what a
+/// transformer's input carries to each of its layers, documented on [`FlashMhaInput`]'s
+/// builders of the same names.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct AttentionMasks {
+    mask_pad: Option<Tensor<2, Bool>>,
+    mask_attn: Option<Tensor<3, Bool>>,
+    options: FlashAttentionOptions,
+}
+
+impl AttentionMasks {
+    pub(crate) fn mask_pad(self, mask_pad: Tensor<2, Bool>) -> Self {
+        Self {
+            mask_pad: Some(mask_pad),
+            ..self
+        }
+    }
+
+    pub(crate) fn mask_attn(self, mask_attn: Tensor<3, Bool>) -> Self {
+        Self {
+            mask_attn: Some(mask_attn),
+            ..self
+        }
+    }
+
+    pub(crate) fn causal(mut self) -> Self {
+        self.options.causal = true;
+        self
+    }
+
+    pub(crate) fn window(mut self, window: usize) -> Self {
+        self.options.window = Some(window);
+        self
+    }
+
+    /// The same masks for the last `new` queries of their sequence, as a step of
+    /// autoregressive inference computes them: a `mask_attn` with a row for every query keeps
+    /// the last `new`.
     pub(crate) fn last_queries(mut self, new: usize) -> Self {
         self.mask_attn = self.mask_attn.map(|mask| match mask.dims()[1] {
             rows if rows > new => mask.narrow(1, rows - new, new),
@@ -111,9 +156,9 @@ impl FlashMhaInput {
 
     /// The one mask [`flash_attention`] reads: `mask_attn`, or the padding `[batch, 1, s_2]`, or
     /// both, hidden where either hides.
-    fn mask(&mut self) -> Option<Tensor<3, Bool>> {
-        let pad = self.mask_pad.take().map(|pad| pad.unsqueeze_dim::<3>(1));
-        match (pad, self.mask_attn.take()) {
+    fn mask(self) -> Option<Tensor<3, Bool>> {
+        let pad = self.mask_pad.map(|pad| pad.unsqueeze_dim::<3>(1));
+        match (pad, self.mask_attn) {
             (Some(pad), Some(attn)) => {
                 let [batch, _, s_2] = pad.dims();
                 let shape = [batch, attn.dims()[1], s_2];
@@ -121,18 +166,6 @@ impl FlashMhaInput {
             }
             (pad, attn) => pad.or(attn),
         }
-    }
-
-    /// Query `i` sees keys up to `i + s_2 − s_1` (causal, aligned to the end as with a KV cache).
-    pub fn causal(mut self) -> Self {
-        self.options.causal = true;
-        self
-    }
-
-    /// Causal, and only the last `window` keys (sliding-window attention).
-    pub fn window(mut self, window: usize) -> Self {
-        self.options.window = Some(window);
-        self
     }
 }
 
@@ -149,12 +182,25 @@ impl FlashMultiHeadAttention {
         self.forward_routed(input, Routed::new(None), None)
     }
 
+    /// Attention of `x` `[batch, seq, d_model]` to itself, under `masks`, as
+    /// [`Self::forward_routed`] computes it.
+    pub(crate) fn self_attention(
+        &self,
+        x: Tensor<3>,
+        masks: AttentionMasks,
+        route: Routed,
+        cache: Option<&mut KeyValueCache>,
+    ) -> Tensor<3> {
+        let input = FlashMhaInput::with_masks(x.clone(), x.clone(), x, masks);
+        self.forward_routed(input, route, cache)
+    }
+
     /// [`Self::forward`] with the linears' parameters read through `route`; with a `cache`, the
     /// key and value heads come from it, `input`'s key and value being the new tokens only (see
     /// [`KeyValueCache`]).
     pub(crate) fn forward_routed(
         &self,
-        mut input: FlashMhaInput,
+        input: FlashMhaInput,
         route: Routed,
         cache: Option<&mut KeyValueCache>,
     ) -> Tensor<3> {
@@ -182,15 +228,18 @@ impl FlashMultiHeadAttention {
         let device = input.query.device();
         let dropping =
             self.dropout.prob > 0.0 && self.dropout.training.is_enabled() && device.is_autodiff();
+        let FlashMhaInput {
+            query,
+            key,
+            value,
+            masks,
+        } = input;
         let options = FlashAttentionOptions {
             quiet_softmax: self.quiet_softmax,
             dropout: dropping.then(|| AttentionDropout::seeded_by(&device, self.dropout.prob)),
-            ..input.options
+            ..masks.options
         };
-        let mask = input.mask();
-        let FlashMhaInput {
-            query, key, value, ..
-        } = input;
+        let mask = masks.mask();
         // Query, key, value: Burn's order, in which lazily initialised weights are drawn.
         let query = heads(query, &self.query);
         let project = || (heads(key, &self.key), heads(value, &self.value));

@@ -14,14 +14,16 @@ use crate::optim::ExternalUse;
 use crate::optim::InBackward;
 
 /// A function of a coupling: `[..., d_half]` → `[..., d_half]`. It must be deterministic: the
-/// backward pass evaluates it again and must get the same values.
+/// backward pass evaluates it again and must get the same values. The first training step
+/// checks that on a corner of the input (at most 2 along each dimension but the last), so the
+/// function must take inputs of any size there.
 pub trait CouplingFunction<const D: usize>: Module + ModuleDisplay + Sync + 'static {
     /// `[..., d]` → `[..., d]`: the same output for the same input, every time.
     fn forward(&self, x: Tensor<D>) -> Tensor<D>;
 }
 
 /// Why a reversible stack cannot run.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ReversibleError {
     /// The last dimension, which does not split into two halves.
     #[error(
@@ -40,6 +42,19 @@ pub enum ReversibleError {
         /// `"F"` or `"G"`.
         function: &'static str,
     },
+    /// Layers that normalise after each residual sum (post-norm), which is not a coupling.
+    #[error(
+        "reversible blocks need pre-norm layers (norm_first = true): a post-norm layer \
+         normalises the sum x + f(x), which cannot be inverted from its output"
+    )]
+    PostNorm,
+    /// Layers with dropout, which the backward pass cannot recompute.
+    #[error(
+        "reversible blocks need a dropout of 0 (the layers have {0}; Burn's configs default to \
+         0.1): the backward pass rebuilds each block's input by evaluating it again, and dropout \
+         would draw other values"
+    )]
+    Dropout(f64),
 }
 
 /// `blocks` additive couplings `(F, G)`, applied in order.
@@ -90,6 +105,16 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
     pub fn with_in_backward(mut self, in_backward: Option<InBackward>) -> Self {
         self.in_backward = in_backward;
         self
+    }
+
+    /// Skips the check that `F` and `G` are deterministic, for couplings known to be: the
+    /// check evaluates them on a corner of the input, where side data they hold (masks) would
+    /// not fit.
+    pub(crate) fn known_deterministic(self) -> Self {
+        Self {
+            checked: Arc::new(AtomicBool::new(true)),
+            ..self
+        }
     }
 
     /// Keeps the input of every `blocks`-th block (0: none), which bounds how far the rebuilt
@@ -250,7 +275,7 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
 }
 
 /// The two streams: the halves of the last dimension.
-fn halves<const D: usize>(x: Tensor<D>) -> [Tensor<D>; 2] {
+pub(crate) fn halves<const D: usize>(x: Tensor<D>) -> [Tensor<D>; 2] {
     let half = x.dims()[D - 1] / 2;
     let [x1, x2] = x.split(half, D - 1).try_into().expect("two equal halves");
     [x1, x2]

@@ -29,6 +29,11 @@ impl<'a> Routed<'a> {
         Self { in_backward }
     }
 
+    /// The [`InBackward`] the parameters are routed through.
+    pub(crate) fn in_backward(&self) -> Option<&'a InBackward> {
+        self.in_backward
+    }
+
     /// `param`'s value for a forward pass, routed so that its update runs in the backward pass,
     /// right after the backward step of the layer whose input is `anchor`.
     ///

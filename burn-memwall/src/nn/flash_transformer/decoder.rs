@@ -8,7 +8,7 @@ use burn::nn::{Dropout, LayerNorm};
 use burn::prelude::*;
 
 use super::{SeenOutput, residual};
-use crate::nn::flash_mha::KeyValueCache;
+use crate::nn::flash_mha::{AttentionMasks, KeyValueCache};
 use crate::nn::{FlashMhaInput, FlashMultiHeadAttention, Routed};
 
 /// Drop-in for [`TransformerDecoder`]: the same config ([`TransformerDecoderConfig`]), the same
@@ -64,10 +64,10 @@ pub struct FlashTransformerDecoderLayer {
 pub struct FlashTransformerDecoderInput {
     target: Tensor<3>,
     memory: Tensor<3>,
-    /// Carries the target's masks and options to every layer.
-    target_attention: FlashMhaInput,
-    /// Carries the memory's masks to every layer.
-    memory_attention: FlashMhaInput,
+    /// The target's masks and options, for every layer.
+    target_masks: AttentionMasks,
+    /// The memory's masks, for every layer.
+    memory_masks: AttentionMasks,
 }
 
 impl FlashTransformerDecoderInput {
@@ -75,28 +75,28 @@ impl FlashTransformerDecoderInput {
     /// `[batch, s_memory, d_model]`.
     pub fn new(target: Tensor<3>, memory: Tensor<3>) -> Self {
         Self {
-            target_attention: FlashMhaInput::self_attn(target.clone()),
-            memory_attention: FlashMhaInput::new(target.clone(), memory.clone(), memory.clone()),
             target,
             memory,
+            target_masks: AttentionMasks::default(),
+            memory_masks: AttentionMasks::default(),
         }
     }
 
     /// `[batch, s_memory]`, true for memory tokens that no target token may see.
     pub fn memory_mask_pad(mut self, mask_pad: Tensor<2, Bool>) -> Self {
-        self.memory_attention = self.memory_attention.mask_pad(mask_pad);
+        self.memory_masks = self.memory_masks.mask_pad(mask_pad);
         self
     }
 
     /// `[batch, s_target, s_memory]`, true where a target token must not see a memory token.
     pub fn memory_mask_attn(mut self, mask_attn: Tensor<3, Bool>) -> Self {
-        self.memory_attention = self.memory_attention.mask_attn(mask_attn);
+        self.memory_masks = self.memory_masks.mask_attn(mask_attn);
         self
     }
 
     /// `[batch, s_target]`, true for target tokens that no target token may see.
     pub fn target_mask_pad(mut self, mask_pad: Tensor<2, Bool>) -> Self {
-        self.target_attention = self.target_attention.mask_pad(mask_pad);
+        self.target_masks = self.target_masks.mask_pad(mask_pad);
         self
     }
 
@@ -104,13 +104,13 @@ impl FlashTransformerDecoderInput {
     /// Burn's `generate_autoregressive_mask`; prefer [`target_causal`](Self::target_causal) to
     /// that one.
     pub fn target_mask_attn(mut self, mask_attn: Tensor<3, Bool>) -> Self {
-        self.target_attention = self.target_attention.mask_attn(mask_attn);
+        self.target_masks = self.target_masks.mask_attn(mask_attn);
         self
     }
 
     /// Each target token sees itself and the target tokens before it.
     pub fn target_causal(mut self) -> Self {
-        self.target_attention = self.target_attention.causal();
+        self.target_masks = self.target_masks.causal();
         self
     }
 
@@ -118,8 +118,8 @@ impl FlashTransformerDecoderInput {
     /// computes them.
     fn last_queries(self, new: usize) -> Self {
         Self {
-            target_attention: self.target_attention.last_queries(new),
-            memory_attention: self.memory_attention.last_queries(new),
+            target_masks: self.target_masks.last_queries(new),
+            memory_masks: self.memory_masks.last_queries(new),
             ..self
         }
     }
@@ -222,14 +222,13 @@ impl FlashTransformerDecoderLayer {
             None => (None, None),
         };
         let x = residual(x, self.norm_first, self_norm, &self.dropout, plain, |x| {
-            let attention = input.target_attention.clone();
-            let input = attention.with_inputs(x.clone(), x.clone(), x);
-            self.self_attn.forward_routed(input, plain, self_cache)
+            let masks = input.target_masks.clone();
+            self.self_attn.self_attention(x, masks, plain, self_cache)
         });
         let x = residual(x, self.norm_first, cross_norm, &self.dropout, plain, |x| {
-            let attention = input.memory_attention.clone();
+            let masks = input.memory_masks.clone();
             let memory = input.memory.clone();
-            let input = attention.with_inputs(x, memory.clone(), memory);
+            let input = FlashMhaInput::with_masks(x, memory.clone(), memory, masks);
             self.cross_attn.forward_routed(input, plain, cross_cache)
         });
         residual(x, self.norm_first, ff_norm, &self.dropout, plain, |x| {

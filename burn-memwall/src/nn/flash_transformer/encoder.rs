@@ -7,9 +7,9 @@ use burn::nn::transformer::{
 use burn::nn::{Dropout, LayerNorm};
 use burn::prelude::*;
 
-use super::{SeenOutput, residual};
-use crate::nn::flash_mha::KeyValueCache;
-use crate::nn::{FlashMhaInput, FlashMultiHeadAttention, Routed};
+use super::{SeenOutput, residual, reversible};
+use crate::nn::flash_mha::{AttentionMasks, KeyValueCache};
+use crate::nn::{FlashMultiHeadAttention, Routed};
 
 /// Drop-in for [`TransformerEncoder`]: the same config ([`TransformerEncoderConfig`]), the
 /// same layers with the same parameter paths (`layers.{i}.mha.query.weight`, …) and so the same
@@ -18,7 +18,9 @@ use crate::nn::{FlashMhaInput, FlashMultiHeadAttention, Routed};
 /// [`FlashMultiHeadAttention`] says: no `[batch, heads, seq, seq]` tensor in the forward pass or
 /// the backward, and dropout of the attention weights drawn by flash attention's generator.
 ///
-/// Swapping an existing encoder is one line: `FlashTransformerEncoder::from(encoder)`.
+/// Swapping an existing encoder is one line: `FlashTransformerEncoder::from(encoder)`. One
+/// switch more, [`with_reversible`](Self::with_reversible), runs the layers as reversible
+/// couplings whose activation memory does not grow with depth.
 #[derive(Module, Debug)]
 pub struct FlashTransformerEncoder {
     /// The layers, Burn's with flash attention.
@@ -37,6 +39,9 @@ pub struct FlashTransformerEncoder {
     pub norm_first: bool,
     /// Burn's quiet softmax in every attention.
     pub quiet_softmax: bool,
+    /// Set by [`Self::with_reversible`].
+    #[module(skip)]
+    reversible: bool,
 }
 
 /// [`TransformerEncoderLayer`] with its attention on [`FlashMultiHeadAttention`].
@@ -61,40 +66,40 @@ pub struct FlashTransformerEncoderLayer {
 #[derive(Debug, Clone)]
 pub struct FlashTransformerEncoderInput {
     tensor: Tensor<3>,
-    attention: FlashMhaInput,
+    masks: AttentionMasks,
 }
 
 impl FlashTransformerEncoderInput {
     /// `tensor` `[batch, seq, d_model]`, attending to itself.
     pub fn new(tensor: Tensor<3>) -> Self {
         Self {
-            attention: FlashMhaInput::self_attn(tensor.clone()),
             tensor,
+            masks: AttentionMasks::default(),
         }
     }
 
     /// `[batch, seq]`, true for padding tokens that no token may see.
     pub fn mask_pad(mut self, mask_pad: Tensor<2, Bool>) -> Self {
-        self.attention = self.attention.mask_pad(mask_pad);
+        self.masks = self.masks.mask_pad(mask_pad);
         self
     }
 
     /// `[batch, seq, seq]` (or `[1, seq, seq]`), true where a token must not see another, such
     /// as Burn's `generate_autoregressive_mask`; prefer [`causal`](Self::causal) to that one.
     pub fn mask_attn(mut self, mask_attn: Tensor<3, Bool>) -> Self {
-        self.attention = self.attention.mask_attn(mask_attn);
+        self.masks = self.masks.mask_attn(mask_attn);
         self
     }
 
     /// Each token sees itself and the tokens before it.
     pub fn causal(mut self) -> Self {
-        self.attention = self.attention.causal();
+        self.masks = self.masks.causal();
         self
     }
 
     /// Causal, and only the last `window` tokens.
     pub fn window(mut self, window: usize) -> Self {
-        self.attention = self.attention.window(window);
+        self.masks = self.masks.window(window);
         self
     }
 }
@@ -103,6 +108,34 @@ impl FlashTransformerEncoder {
     /// A fresh encoder initialised exactly as `config.init(device)` initialises Burn's.
     pub fn new(config: &TransformerEncoderConfig, device: &Device) -> Self {
         Self::from(config.init(device))
+    }
+
+    /// With `reversible`, the layers run as additive couplings (RevNet, Reformer), and training
+    /// keeps the activations of one layer at a time instead of every layer's. Two streams of
+    /// `d_model` both start as the input; each layer computes `y₁ = x₁ + F(x₂)`,
+    /// `y₂ = x₂ + G(y₁)` with `F` its pre-norm attention branch `mha(norm_2(·))` and `G` its
+    /// feed-forward branch `pwff(norm_1(·))`; the output is the streams' mean. The backward pass
+    /// rebuilds each layer's input from its output (`x₂ = y₂ − G(y₁)`, `x₁ = y₁ − F(x₂)`) at the
+    /// cost of one more forward pass, on [`ReversibleSequence`](crate::nn::ReversibleSequence).
+    ///
+    /// The parameters, their paths and the record stay Burn's, but the function is not: a
+    /// reversible encoder is a different model from the standard one with the same weights, to
+    /// be trained as such (and used as such: the switch is not saved in the record, so set it
+    /// again after loading).
+    ///
+    /// # Panics
+    /// With [`ReversibleError`](crate::nn::ReversibleError)'s message when the layers are
+    /// post-norm, which is not a coupling, or have dropout, which the backward pass cannot
+    /// recompute (and so does each forward pass, should a layer's dropout change since).
+    pub fn with_reversible(mut self, reversible: bool) -> Self {
+        if let Some(error) = reversible
+            .then(|| reversible::refusal(&self.layers))
+            .flatten()
+        {
+            panic!("{error}");
+        }
+        self.reversible = reversible;
+        self
     }
 
     /// `[batch, seq, d_model]` → `[batch, seq, d_model]`.
@@ -119,10 +152,13 @@ impl FlashTransformerEncoder {
         input: FlashTransformerEncoderInput,
         route: Routed,
     ) -> Tensor<3> {
-        let FlashTransformerEncoderInput { tensor, attention } = input;
-        self.layers.iter().fold(tensor, |x, layer| {
-            layer.forward(x, attention.clone(), route, None)
-        })
+        let FlashTransformerEncoderInput { tensor, masks } = input;
+        match self.reversible {
+            true => reversible::forward(&self.layers, tensor, masks, route),
+            false => self.layers.iter().fold(tensor, |x, layer| {
+                layer.forward(x, masks.clone(), route, None)
+            }),
+        }
     }
 
     /// Burn's `TransformerEncoder::forward_autoregressive_inference`: `input` holds the whole
@@ -143,16 +179,19 @@ impl FlashTransformerEncoder {
         input: FlashTransformerEncoderInput,
         cache: &mut FlashTransformerEncoderAutoregressiveCache,
     ) -> Tensor<3> {
-        let FlashTransformerEncoderInput { tensor, attention } = input;
+        let FlashTransformerEncoderInput { tensor, masks } = input;
         let new = cache.seen.new_tokens(tensor);
-        let attention = attention.last_queries(new.dims()[1]);
-        let new = self
-            .layers
-            .iter()
-            .zip(&mut cache.layers)
-            .fold(new, |x, (layer, cache)| {
-                layer.forward(x, attention.clone(), Routed::new(None), Some(cache))
-            });
+        let masks = masks.last_queries(new.dims()[1]);
+        let new = match self.reversible {
+            true => reversible::forward_cached(&self.layers, new, masks, &mut cache.layers),
+            false => self
+                .layers
+                .iter()
+                .zip(&mut cache.layers)
+                .fold(new, |x, (layer, cache)| {
+                    layer.forward(x, masks.clone(), Routed::new(None), Some(cache))
+                }),
+        };
         cache.seen.extend(new)
     }
 
@@ -178,13 +217,12 @@ pub struct FlashTransformerEncoderAutoregressiveCache {
 }
 
 impl FlashTransformerEncoderLayer {
-    /// Burn's `TransformerEncoderLayer::forward` on flash attention; `attention` carries the
-    /// masks and options, its tensors are replaced by the layer's. With a `cache`, `x` holds the
-    /// new tokens of the sequence only.
+    /// Burn's `TransformerEncoderLayer::forward` on flash attention. With a `cache`, `x` holds
+    /// the new tokens of the sequence only.
     fn forward(
         &self,
         x: Tensor<3>,
-        attention: FlashMhaInput,
+        masks: AttentionMasks,
         route: Routed,
         cache: Option<&mut KeyValueCache>,
     ) -> Tensor<3> {
@@ -200,10 +238,7 @@ impl FlashTransformerEncoderLayer {
             attention_norm,
             &self.dropout,
             route,
-            |x| {
-                let input = attention.with_inputs(x.clone(), x.clone(), x);
-                self.mha.forward_routed(input, route, cache)
-            },
+            |x| self.mha.self_attention(x, masks, route, cache),
         );
         residual(x, self.norm_first, ff_norm, &self.dropout, route, |x| {
             route.position_wise_feed_forward(&self.pwff, x)
@@ -223,6 +258,7 @@ impl From<TransformerEncoder> for FlashTransformerEncoder {
             dropout: encoder.dropout,
             norm_first: encoder.norm_first,
             quiet_softmax: encoder.quiet_softmax,
+            reversible: false,
         }
     }
 }

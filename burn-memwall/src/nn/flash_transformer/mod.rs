@@ -4,6 +4,7 @@
 
 mod decoder;
 mod encoder;
+mod reversible;
 
 pub use decoder::{
     FlashTransformerDecoder, FlashTransformerDecoderAutoregressiveCache,
@@ -31,9 +32,20 @@ fn residual(
     f: impl FnOnce(Tensor<3>) -> Tensor<3>,
 ) -> Tensor<3> {
     match norm_first {
-        true => x.clone() + dropout.forward(f(route.layer_norm(norm, x))),
+        true => x.clone() + pre_norm_branch(x, norm, dropout, route, f),
         false => route.layer_norm(norm, x.clone() + dropout.forward(f(x))),
     }
+}
+
+/// The branch of a pre-norm residual sub-layer, `dropout(f(norm(x)))`.
+fn pre_norm_branch(
+    x: Tensor<3>,
+    norm: &LayerNorm,
+    dropout: &Dropout,
+    route: Routed,
+    f: impl FnOnce(Tensor<3>) -> Tensor<3>,
+) -> Tensor<3> {
+    dropout.forward(f(route.layer_norm(norm, x)))
 }
 
 /// The part of a sequence an autoregressive cache has seen, as the output rows computed for it,
