@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release -p text-generation -- train --model memwall [--text FILE] [--seq 512]
 //! cargo run --release -p text-generation -- measure --model burn --seq 2048
+//! cargo run --release -p text-generation -- measure --model memwall --dropout 0 --reversible
 //! cargo run --release -p text-generation -- generate --model memwall --from DIR --prompt TEXT
 //! ```
 //!
@@ -108,6 +109,9 @@ struct Run {
     dropout: f64,
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// The memwall model's encoder as reversible couplings (needs `--dropout 0`).
+    #[arg(long)]
+    reversible: bool,
 }
 
 impl Run {
@@ -120,6 +124,7 @@ impl Run {
             .with_max_seq_length(self.seq)
             .with_batch_size(self.batch)
             .with_seed(self.seed)
+            .with_reversible(self.reversible)
     }
 }
 
@@ -194,6 +199,7 @@ fn generate(
             .map_err(|error| format!("{}: {error}", dir.join(CONFIG_FILE).display()))?,
         None => run.config(),
     };
+    config.check_variant(run.model)?;
     let prompt = ByteTokenizer.encode(prompt);
     if prompt.is_empty() || tokens < 2 || prompt.len() + tokens > config.max_seq_length {
         return Err(format!(
@@ -299,6 +305,7 @@ impl Decoding<'_> {
 /// batch, calling what the `Learner` calls: `TrainStep::step`, then `TrainStep::optimize`.
 fn measure(run: &Run, device: &Device) -> Result<StepMeasurement, Box<dyn std::error::Error>> {
     let config = run.config();
+    config.check_variant(run.model)?;
     let text = load_text(run.text.as_deref())?;
     let items = text_items(&text, config.max_seq_length + 1);
     if items.len() < config.batch_size {

@@ -24,6 +24,8 @@ pub struct TextGenerationModelConfig {
     vocab_size: usize,
     pad_token: usize,
     max_seq_length: usize,
+    #[config(default = false)]
+    reversible: bool,
 }
 
 #[derive(Module, Debug)]
@@ -41,7 +43,8 @@ pub struct TextGenerationModel {
 
 impl TextGenerationModelConfig {
     pub fn init(&self, device: &Device) -> TextGenerationModel {
-        let transformer = FlashTransformerEncoder::new(&self.transformer, device);
+        let transformer = FlashTransformerEncoder::new(&self.transformer, device)
+            .with_reversible(self.reversible);
         let embedding_token =
             EmbeddingConfig::new(self.vocab_size, self.transformer.d_model).init(device);
         let embedding_pos =

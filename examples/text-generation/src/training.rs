@@ -52,6 +52,11 @@ pub struct ExperimentConfig {
     /// Seeds the parameters, the shuffling and the dropout.
     #[config(default = 42)]
     pub seed: u64,
+    /// The swapped model's encoder as reversible couplings
+    /// (`FlashTransformerEncoder::with_reversible`): another function of the same parameters,
+    /// which only [`Variant::Memwall`] has.
+    #[config(default = false)]
+    pub reversible: bool,
 }
 
 impl ExperimentConfig {
@@ -73,6 +78,20 @@ impl ExperimentConfig {
             ByteTokenizer::PAD_TOKEN,
             self.max_seq_length,
         )
+        .with_reversible(self.reversible)
+    }
+
+    /// Refuses a run of `variant` that this config cannot give it.
+    ///
+    /// # Errors
+    /// Reversible blocks asked of Burn's model.
+    pub fn check_variant(&self, variant: Variant) -> Result<(), String> {
+        match (variant, self.reversible) {
+            (Variant::Burn, true) => Err("reversible blocks are burn-memwall's: train, measure \
+                 or generate them with the memwall model"
+                .into()),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -81,7 +100,8 @@ impl ExperimentConfig {
 /// (`MODEL_FILE`) and the run's config (`CONFIG_FILE`).
 ///
 /// # Errors
-/// The error that stopped the run, or that saving the model met.
+/// A config the variant cannot run, the error that stopped the run, or that saving the model
+/// met.
 pub fn train(
     device: &Device,
     train_text: &str,
@@ -90,6 +110,7 @@ pub fn train(
     variant: Variant,
     artifact_dir: &Path,
 ) -> Result<(), String> {
+    config.check_variant(variant)?;
     let autodiff = device.clone().autodiff();
     autodiff.seed(config.seed);
     let loaders = (

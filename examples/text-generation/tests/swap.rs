@@ -2,7 +2,7 @@
 //! through the `Learner` from the same seed on the same data, lose the same at every step, and
 //! each loads the other's trained weights and predicts the same next tokens through its
 //! autoregressive cache; a step of the swapped one holds less at its peak, measured in separate
-//! processes.
+//! processes. With the encoder's reversible switch the swapped model trains and generates too.
 
 use std::path::Path;
 use std::process::Command;
@@ -42,34 +42,39 @@ fn logged_losses(dir: &Path) -> Vec<f64> {
         .collect()
 }
 
-#[test]
-fn the_swapped_model_loses_what_burns_loses_at_every_step() {
-    let _turn = take_turn();
-    // Dropout 0: the swapped attention draws its dropout from flash attention's generator,
-    // not from Burn's, so with dropout the two runs drop different weights.
+/// A small run: 2 pre-norm layers of width 32, dropout 0 (the swapped attention draws its
+/// dropout from flash attention's generator, not from Burn's, so with dropout the two models
+/// would drop different weights), an epoch of a few thousand bytes.
+fn small_run() -> ExperimentConfig {
     let transformer = TransformerEncoderConfig::new(32, 64, 2, 2)
         .with_dropout(0.0)
         .with_norm_first(true);
-    let config = ExperimentConfig::new(transformer, AdamConfig::new())
+    ExperimentConfig::new(transformer, AdamConfig::new())
         .with_max_seq_length(48)
         .with_batch_size(3)
         .with_learning_rate(0.05)
-        .with_warmup_steps(4);
+        .with_warmup_steps(4)
+}
+
+/// `variant` trained by `config` through the Learner on the embedded corpus: each step's loss
+/// and the run's folder.
+fn trained(
+    config: &ExperimentConfig,
+    variant: Variant,
+    device: &Device,
+) -> Result<(Vec<f64>, tempfile::TempDir), String> {
     let (train_text, valid_text) = (&DEFAULT_CORPUS[..2400], &DEFAULT_CORPUS[2400..2800]);
+    let dir = tempfile::tempdir().unwrap();
+    train(device, train_text, valid_text, config, variant, dir.path())?;
+    Ok((logged_losses(dir.path()), dir))
+}
+
+#[test]
+fn the_swapped_model_loses_what_burns_loses_at_every_step() {
+    let _turn = take_turn();
+    let config = small_run();
     let device = Device::flex();
-    let run = |variant| {
-        let dir = tempfile::tempdir().unwrap();
-        train(
-            &device,
-            train_text,
-            valid_text,
-            &config,
-            variant,
-            dir.path(),
-        )
-        .unwrap();
-        (logged_losses(dir.path()), dir)
-    };
+    let run = |variant| trained(&config, variant, &device).unwrap();
     let (burn, burn_dir) = run(Variant::Burn);
     let (memwall, memwall_dir) = run(Variant::Memwall);
 
@@ -89,6 +94,52 @@ fn the_swapped_model_loses_what_burns_loses_at_every_step() {
     for dir in [&burn_dir, &memwall_dir] {
         assert_same_next_tokens(&dir.path().join(MODEL_FILE), &config, &device);
     }
+}
+
+/// The swapped model with a reversible encoder (another function of the same parameters)
+/// trains through the Learner and, loaded from its saved file, predicts through its cache one
+/// token per call what it predicts from the whole prefix in one call; Burn's model refuses the
+/// switch.
+#[test]
+fn the_reversible_swap_trains_and_generates() {
+    let _turn = take_turn();
+    let config = small_run().with_reversible(true);
+    let device = Device::flex();
+    let (losses, dir) = trained(&config, Variant::Memwall, &device).unwrap();
+    let (first, last) = (losses[0], losses[losses.len() - 1]);
+    assert!(last < first - 0.5, "it trains: {first} then {last}");
+
+    let model = config
+        .memwall_model()
+        .init(&device)
+        .load_file(dir.path().join(MODEL_FILE));
+    let tokens: Vec<i64> = ByteTokenizer
+        .encode("ROMEO: Good")
+        .into_iter()
+        .map(|token| token as i64)
+        .collect();
+    let mut cache = model.new_autoregressive_cache();
+    for len in 7..=tokens.len() {
+        let input = |len| {
+            Tensor::<2, Int>::from_data(TensorData::new(tokens[..len].to_vec(), [1, len]), &device)
+        };
+        let got = host(model.forward_next_token(input(len), &mut cache));
+        let want =
+            host(model.forward_next_token(input(len), &mut model.new_autoregressive_cache()));
+        let largest = want.iter().fold(1.0f32, |m, w| m.max(w.abs()));
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-4 * (w.abs() + largest),
+                "at {len} tokens, logit {i}: cached {g}, whole {w}"
+            );
+        }
+    }
+
+    let refused = trained(&config, Variant::Burn, &device).unwrap_err();
+    assert!(
+        refused.contains("reversible blocks are burn-memwall's"),
+        "{refused}"
+    );
 }
 
 /// Both models loaded from `model_file`, fed the same bytes (those Burn's model finds likeliest)
