@@ -362,3 +362,96 @@ fn every_coded_matrix_takes_one_update_per_step() {
         );
     }
 }
+
+fn host(t: Tensor<2>) -> Vec<f32> {
+    t.into_data().try_into_vec_as::<f32>().unwrap()
+}
+
+/// `[batch, vocab]` logits of the last position of `tokens`, by `forward` on the whole
+/// sequence.
+fn last_logits(
+    model: &burn_memwall_models::lm::LanguageModel,
+    tokens: Tensor<2, Int>,
+) -> Tensor<2> {
+    let logits = model.forward(tokens);
+    let [_, seq, _] = logits.dims();
+    logits.narrow(1, seq - 1, 1).squeeze_dim(1)
+}
+
+/// The generation cache computes only the new tokens and predicts what `forward` on the whole
+/// sequence predicts: a prompt of 5, then one token per call and three in one call, with
+/// grouped-query heads, both attention kinds, reversible blocks and counter codes.
+#[test]
+fn generation_through_the_cache_predicts_what_the_whole_forward_does() {
+    let (batch, seq) = (2, 14);
+    for device in common::devices() {
+        let reversible = small_gqa().with_blocks(BlockKind::Reversible);
+        for config in [
+            small_gqa(),
+            small_gqa().with_attention(AttentionKind::Flash),
+            reversible.clone(),
+            reversible.with_linear(LinearKind::CounterAll),
+        ] {
+            let model = config.init(&device).unwrap();
+            let tokens = random_tokens(batch, seq, config.vocab_size, &device);
+            let mut cache = model.new_generation_cache();
+            let mut seen = 0;
+            for end in [5, 6, 7, 10, 11, seq] {
+                let new = tokens.clone().narrow(1, seen, end - seen);
+                let got = model.next_logits(new, &mut cache);
+                let want = last_logits(&model, tokens.clone().narrow(1, 0, end));
+                let label = format!("{config:?} at {end} tokens on {device:?}");
+                let (got, want) = (host(got), host(want));
+                let largest = want.iter().fold(1.0f32, |m, w| m.max(w.abs()));
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-4 * (w.abs() + largest),
+                        "{label}, logit {i}: cached {g}, whole {w}"
+                    );
+                }
+                seen = end;
+            }
+            assert_eq!(cache.seen(), seq);
+        }
+    }
+}
+
+/// Greedy decoding through the cache chooses, token for token, what recomputing the whole
+/// sequence at every step chooses, up to the model's context.
+#[test]
+fn greedy_decoding_with_the_cache_equals_recomputing() {
+    let device = Device::flex();
+    let config = small_gqa();
+    let model = config.init(&device).unwrap();
+    let ids = |ids: &[i64]| {
+        Tensor::<2, Int>::from_data(TensorData::new(ids.to_vec(), [1, ids.len()]), &device)
+    };
+    let argmax = |logits: Tensor<2>| logits.argmax(1).into_scalar::<i64>();
+    let mut sequence = vec![5, 17, 3, 60];
+    let mut cache = model.new_generation_cache();
+    let mut logits = model.next_logits(ids(&sequence), &mut cache);
+    loop {
+        let (cached, recomputed) = (argmax(logits), argmax(last_logits(&model, ids(&sequence))));
+        assert_eq!(cached, recomputed, "after {sequence:?}");
+        sequence.push(cached);
+        if sequence.len() == config.max_seq_len {
+            break;
+        }
+        logits = model.next_logits(ids(&[cached]), &mut cache);
+    }
+    let continuation: std::collections::HashSet<_> = sequence[4..].iter().collect();
+    assert!(
+        continuation.len() > 1,
+        "more than one token chosen: {sequence:?}"
+    );
+}
+
+#[test]
+#[should_panic(expected = "sequence length 33 exceeds the model's context of 32 tokens")]
+fn generation_past_the_context_is_refused_by_name() {
+    let device = Device::flex();
+    let model = small_gqa().init(&device).unwrap();
+    let mut cache = model.new_generation_cache();
+    model.next_logits(random_tokens(1, 30, 97, &device), &mut cache);
+    model.next_logits(random_tokens(1, 3, 97, &device), &mut cache);
+}

@@ -900,3 +900,50 @@ fn in_backward_training_refuses_the_learners_checkpointers() {
         builder.with_default_checkpointers()
     });
 }
+
+/// `Artifacts::trained_model` gives back the run's model (the same logits, bit for bit) with
+/// its tokenizer, and refuses a folder without a finished run or with a tokenizer of another
+/// vocabulary, naming the file.
+#[test]
+fn a_finished_run_loads_back_for_generation() {
+    let _turn = common::take_turn(); // draws weights from the backend's RNG
+    let device = Device::flex();
+    let dir = common::temp_dir();
+    let artifacts = Artifacts::new(dir.path());
+    let report = run(&run_config(1), &device, &artifacts, &Start::Fresh).unwrap();
+    let (model, tokenizer) = artifacts.trained_model(&device).unwrap();
+    let ids: Vec<i64> = tokenizer
+        .encode("ROMEO: ")
+        .unwrap()
+        .into_iter()
+        .map(i64::from)
+        .collect();
+    let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, 7]), &device);
+    let host = |t: Tensor<3>| t.into_data().try_into_vec_as::<f32>().unwrap();
+    assert_eq!(
+        host(model.forward(tokens.clone())),
+        host(report.model.forward(tokens))
+    );
+
+    TextTokenizer::train_bpe(DEFAULT_CORPUS, 300)
+        .unwrap()
+        .save(artifacts.tokenizer())
+        .unwrap();
+    let error = artifacts.trained_model(&device).unwrap_err().to_string();
+    assert!(
+        error.contains("tokenizer.json holds 300 ids, the model's vocabulary 256"),
+        "{error}"
+    );
+    std::fs::remove_file(artifacts.weights()).unwrap();
+    let error = artifacts.trained_model(&device).unwrap_err().to_string();
+    assert!(
+        error.contains("model.safetensors: missing: the run exports its model"),
+        "{error}"
+    );
+    let empty = common::temp_dir();
+    let error = Artifacts::new(empty.path())
+        .trained_model(&device)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("run.json: no run's record here"), "{error}");
+}

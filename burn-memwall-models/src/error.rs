@@ -38,6 +38,10 @@ pub enum Error {
     /// Training itself failed.
     #[error("training: {0}")]
     Training(String),
+    /// Generation asked for something it cannot do (sampling settings, a prompt that does not
+    /// fit), or met logits it cannot choose from.
+    #[error("generation: {0}")]
+    Generation(String),
     /// No stack's predicted step fits in the memory given.
     #[error("{0}")]
     DoesNotFit(String),

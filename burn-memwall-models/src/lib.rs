@@ -7,6 +7,7 @@
 pub mod checkpoint;
 pub mod data;
 mod error;
+pub mod generation;
 pub mod lm;
 pub mod training;
 

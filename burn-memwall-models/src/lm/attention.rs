@@ -6,7 +6,7 @@ use burn::nn::RotaryEncoding;
 use burn::prelude::*;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn_memwall::nn::Routed;
+use burn_memwall::nn::{KeyValueCache, Routed};
 use burn_memwall::ops::flash_attention::{FlashAttentionOptions, flash_attention};
 
 use super::{AttentionKind, BlockLinear, LmConfig};
@@ -45,23 +45,49 @@ impl CausalSelfAttention {
 
     /// `[batch, seq, d_model]` → `[batch, seq, d_model]`.
     pub fn forward(&self, x: Tensor<3>, rope: &RotaryEncoding, route: Routed) -> Tensor<3> {
+        self.forward_cached(x, rope, route, None)
+    }
+
+    /// [`Self::forward`]; with a `cache`, `x` holds the tokens after those the cache has seen,
+    /// which attend to the cached keys and values as well as to each other.
+    pub(super) fn forward_cached(
+        &self,
+        x: Tensor<3>,
+        rope: &RotaryEncoding,
+        route: Routed,
+        cache: Option<&mut KeyValueCache>,
+    ) -> Tensor<3> {
         let [batch, seq, d_model] = x.dims();
         let d_head = d_model / self.n_heads;
         let heads = |t: Tensor<3>, n: usize| t.reshape([batch, seq, n, d_head]).swap_dims(1, 2);
+        let start = cache.as_ref().map_or(0, |cache| cache.seen());
 
-        let q = rope.forward(heads(self.query.forward(x.clone(), route), self.n_heads));
-        let k = rope.forward(heads(self.key.forward(x.clone(), route), self.n_kv_heads));
+        let q = rope.apply(
+            heads(self.query.forward(x.clone(), route), self.n_heads),
+            start,
+        );
+        let k = rope.apply(
+            heads(self.key.forward(x.clone(), route), self.n_kv_heads),
+            start,
+        );
         let v = heads(self.value.forward(x, route), self.n_kv_heads);
 
-        let out = match self.kind {
-            AttentionKind::Burn => {
+        let out = match (self.kind, cache) {
+            (AttentionKind::Burn, None) => {
                 let options = AttentionModuleOptions {
                     is_causal: true,
                     ..Default::default()
                 };
                 attention(q, self.repeat_kv(k), self.repeat_kv(v), None, None, options)
             }
-            AttentionKind::Flash => {
+            // Generation: the new queries see the cached keys too, causally aligned to the end,
+            // which flash attention does for either kind (the kinds differ only in what
+            // training keeps).
+            (_, cache) => {
+                let (k, v) = match cache {
+                    Some(cache) => cache.heads(|| (k, v)),
+                    None => (k, v),
+                };
                 let options = FlashAttentionOptions {
                     causal: true,
                     ..Default::default()

@@ -19,5 +19,5 @@ pub use config::{
 use linear::counter_config;
 pub use linear::{BlockLinear, LinearKind};
 pub use mlp::Mlp;
-pub use model::{Block, LanguageModel};
+pub use model::{Block, GenerationCache, LanguageModel};
 pub use reversible::{AttentionCoupling, MlpCoupling, reversible_blocks};

@@ -9,7 +9,8 @@ use burn::nn::{
 use burn::prelude::*;
 
 use burn_memwall::nn::{
-    CounterEmbedding, CounterLinear, FusedLinearCrossEntropyLossConfig, ReversibleSequence, Routed,
+    CounterEmbedding, CounterLinear, CouplingFunction, FusedLinearCrossEntropyLossConfig,
+    KeyValueCache, ReversibleSequence, Routed,
 };
 use burn_memwall::optim::InBackward;
 
@@ -45,8 +46,19 @@ impl Block {
 
     /// `[batch, seq, d_model]` → `[batch, seq, d_model]`.
     pub fn forward(&self, x: Tensor<3>, rope: &RotaryEncoding, route: Routed) -> Tensor<3> {
+        self.forward_cached(x, rope, route, None)
+    }
+
+    /// [`Self::forward`]; with a `cache`, `x` holds the tokens after those it has seen.
+    fn forward_cached(
+        &self,
+        x: Tensor<3>,
+        rope: &RotaryEncoding,
+        route: Routed,
+        cache: Option<&mut KeyValueCache>,
+    ) -> Tensor<3> {
         let normed = route.rms_norm(&self.attention_norm, x.clone());
-        let x = x + self.attention.forward(normed, rope, route);
+        let x = x + self.attention.forward_cached(normed, rope, route, cache);
         let normed = route.rms_norm(&self.mlp_norm, x.clone());
         x + self.mlp.forward(normed, route)
     }
@@ -162,26 +174,13 @@ impl LanguageModel {
     /// `[batch, seq]` token ids → `[batch, seq, d_model]` final hidden states (after the norm).
     pub fn hidden(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
         let [_, seq] = tokens.dims();
-        assert!(
-            seq <= self.max_seq_len,
-            "{}",
-            Error::SequenceTooLong {
-                seq_len: seq,
-                max_seq_len: self.max_seq_len
-            }
-        );
+        self.check_length(seq);
         let route = self.route();
-        let x = match self.table() {
-            Table::Dense(embedding) => route.embedding(embedding, tokens),
-            Table::Coded(embedding) => route.counter_embedding(embedding, tokens),
-        };
+        let x = self.embed(tokens, route);
         let x = match &self.reversible {
             // Both streams start as the embedding; the final norm reads their mean.
             Some(reversible) => {
-                let streams = reversible.forward(Tensor::cat(vec![x.clone(), x], 2));
-                let [first, second] = <[Tensor<3>; 2]>::try_from(streams.chunk(2, 2))
-                    .expect("the sequence returns both streams");
-                (first + second) * 0.5
+                merge_streams(reversible.forward(Tensor::cat(vec![x.clone(), x], 2)))
             }
             None => self
                 .blocks
@@ -193,7 +192,77 @@ impl LanguageModel {
 
     /// `[batch, seq]` token ids → `[batch, seq, vocab]` logits.
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
-        let hidden = self.hidden(tokens);
+        self.logits(self.hidden(tokens))
+    }
+
+    /// An empty cache for [`Self::next_logits`], one per batch of sequences.
+    pub fn new_generation_cache(&self) -> GenerationCache {
+        let layers = match &self.reversible {
+            Some(reversible) => reversible.len(),
+            None => self.blocks.len(),
+        };
+        GenerationCache {
+            layers: (0..layers).map(|_| KeyValueCache::growing()).collect(),
+        }
+    }
+
+    /// The logits `[batch, vocab]` of the token that follows `tokens` `[batch, new]`, which
+    /// continue the sequence `cache` has seen (the prompt on the first call, then each chosen
+    /// token). Only the new tokens are computed, attending to every key and value the cache
+    /// holds; [`Self::forward`] of the whole sequence gives the same logits at its last
+    /// position.
+    ///
+    /// # Panics
+    /// When the sequence would exceed `max_seq_len`, or `tokens` holds no token.
+    pub fn next_logits(&self, tokens: Tensor<2, Int>, cache: &mut GenerationCache) -> Tensor<2> {
+        let [_, new] = tokens.dims();
+        assert!(new > 0, "generation: no new token to compute");
+        self.check_length(cache.seen() + new);
+        let route = self.route();
+        let x = self.embed(tokens, route);
+        let caches = cache.layers.iter_mut();
+        let x = match &self.reversible {
+            Some(reversible) => {
+                let couplings = reversible.f.iter().zip(&reversible.g).zip(caches);
+                let [first, second] =
+                    couplings.fold([x.clone(), x], |[x1, x2], ((f, g), cache)| {
+                        let y1 = x1 + f.forward_cached(x2.clone(), Some(cache));
+                        let y2 = x2 + g.forward(y1.clone());
+                        [y1, y2]
+                    });
+                merge_streams(Tensor::cat(vec![first, second], 2))
+            }
+            None => self.blocks.iter().zip(caches).fold(x, |x, (block, cache)| {
+                block.forward_cached(x, &self.rope, route, Some(cache))
+            }),
+        };
+        let last = route.rms_norm(&self.norm, x.narrow(1, new - 1, 1));
+        self.logits(last).squeeze_dim(1)
+    }
+
+    /// # Panics
+    /// With [`Error::SequenceTooLong`] when `seq` exceeds `max_seq_len`.
+    fn check_length(&self, seq: usize) {
+        assert!(
+            seq <= self.max_seq_len,
+            "{}",
+            Error::SequenceTooLong {
+                seq_len: seq,
+                max_seq_len: self.max_seq_len
+            }
+        );
+    }
+
+    /// `[batch, seq]` token ids → `[batch, seq, d_model]` embeddings.
+    fn embed(&self, tokens: Tensor<2, Int>, route: Routed) -> Tensor<3> {
+        match self.table() {
+            Table::Dense(embedding) => route.embedding(embedding, tokens),
+            Table::Coded(embedding) => route.counter_embedding(embedding, tokens),
+        }
+    }
+
+    /// `[batch, seq, d_model]` final hidden states → `[batch, seq, vocab]` logits.
+    fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
         let route = self.route();
         match self.head() {
             Head::Linear(head) => route.linear(head, hidden),
@@ -268,6 +337,26 @@ impl LanguageModel {
             }
         }
     }
+}
+
+/// What [`LanguageModel::next_logits`] keeps between calls: each block's keys and values.
+#[derive(Debug)]
+pub struct GenerationCache {
+    layers: Vec<KeyValueCache>,
+}
+
+impl GenerationCache {
+    /// The positions of the sequence seen so far.
+    pub fn seen(&self) -> usize {
+        self.layers.first().map_or(0, KeyValueCache::seen)
+    }
+}
+
+/// The mean of the two streams `[batch, seq, 2 · d_model]` of reversible blocks.
+fn merge_streams(streams: Tensor<3>) -> Tensor<3> {
+    let [first, second] =
+        <[Tensor<3>; 2]>::try_from(streams.chunk(2, 2)).expect("the blocks return both streams");
+    (first + second) * 0.5
 }
 
 /// The token table.

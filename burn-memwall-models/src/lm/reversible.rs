@@ -6,7 +6,7 @@
 use burn::module::Module;
 use burn::nn::{RmsNorm, RmsNormConfig, RotaryEncoding, RotaryEncodingConfig};
 use burn::prelude::*;
-use burn_memwall::nn::{CouplingFunction, ReversibleSequence, Routed};
+use burn_memwall::nn::{CouplingFunction, KeyValueCache, ReversibleSequence, Routed};
 
 use super::{CausalSelfAttention, LmConfig, Mlp};
 
@@ -25,12 +25,24 @@ pub struct MlpCoupling {
     mlp: Mlp,
 }
 
+impl AttentionCoupling {
+    /// `F(x)`; with a `cache`, `x` holds the tokens after those it has seen.
+    pub(super) fn forward_cached(
+        &self,
+        x: Tensor<3>,
+        cache: Option<&mut KeyValueCache>,
+    ) -> Tensor<3> {
+        let route = Routed::new(None);
+        let normed = route.rms_norm(&self.norm, x);
+        self.attention
+            .forward_cached(normed, &self.rope, route, cache)
+    }
+}
+
 impl CouplingFunction<3> for AttentionCoupling {
     /// `[batch, seq, d_model]` → `[batch, seq, d_model]`.
     fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let route = Routed::new(None);
-        let normed = route.rms_norm(&self.norm, x);
-        self.attention.forward(normed, &self.rope, route)
+        self.forward_cached(x, None)
     }
 }
 

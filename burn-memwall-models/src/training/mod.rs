@@ -33,8 +33,8 @@ pub use stack::{NamedSwitches, PARTS, Stack, Switches, every_stack, find_stack};
 pub use step::{LmOutput, MeanLoss, PerplexityFromLoss};
 
 use crate::Error;
-use crate::checkpoint::{save_safetensors, write_atomically};
-use crate::data::{Corpus, CorpusIdentity, LmBatcher, TokenWindows};
+use crate::checkpoint::{load_safetensors, save_safetensors, write_atomically};
+use crate::data::{Corpus, CorpusIdentity, LmBatcher, TextTokenizer, TokenWindows};
 use crate::lm::{LanguageModel, LmConfig};
 
 /// How to train: everything but the model shape and the data.
@@ -244,6 +244,38 @@ impl Artifacts {
     /// Where the final weights are exported.
     pub fn weights(&self) -> PathBuf {
         self.dir.join("model.safetensors")
+    }
+
+    /// The finished run's model (its config from `run.json`, its weights from
+    /// `model.safetensors`) on `device`, and its tokenizer: for generation or evaluation.
+    ///
+    /// # Errors
+    /// When the folder holds no finished run, a file is unreadable, or the tokenizer's
+    /// vocabulary is not the model's.
+    pub fn trained_model(&self, device: &Device) -> Result<(LanguageModel, TextTokenizer), Error> {
+        let record_path = self.run_record();
+        let record = RunRecord::load(&record_path).map_err(|error| Error::Checkpoint {
+            path: record_path.clone(),
+            reason: format!("no run's record here ({error})"),
+        })?;
+        if !self.weights().exists() {
+            return Err(Error::Checkpoint {
+                path: self.weights(),
+                reason: "missing: the run exports its model when its last epoch ends".into(),
+            });
+        }
+        let tokenizer = TextTokenizer::from_file(self.tokenizer())?;
+        let config = record.run.model;
+        if tokenizer.vocab_size() != config.vocab_size {
+            return Err(Error::Tokenizer(format!(
+                "{} holds {} ids, the model's vocabulary {}",
+                self.tokenizer().display(),
+                tokenizer.vocab_size(),
+                config.vocab_size
+            )));
+        }
+        let model = load_safetensors(config.init(device)?, self.weights())?;
+        Ok((model, tokenizer))
     }
 
     /// The loss of every training step and every epoch's validation loss, over all the

@@ -255,20 +255,20 @@ impl FlashMultiHeadAttention {
     }
 }
 
-/// The key and value heads one attention layer has projected, kept between the calls of
-/// autoregressive inference so that each call projects, and attends from, the new tokens only.
+/// The key and value heads one attention layer has projected, `[batch, heads, seen, d_head]`
+/// each, kept between the calls of autoregressive inference so that each call projects, and
+/// attends from, the new tokens only.
 #[derive(Debug)]
-pub(crate) struct KeyValueCache {
+pub struct KeyValueCache {
     /// Keys and values come from a memory fixed for the whole sequence (cross-attention): they
     /// are projected on the first call and reused, where self-attention appends each call's.
     fixed: bool,
-    /// `[batch, heads, seen, d_head]` each.
     heads: Option<(Tensor<4>, Tensor<4>)>,
 }
 
 impl KeyValueCache {
     /// For self-attention: each call appends its tokens' keys and values.
-    pub(crate) fn growing() -> Self {
+    pub fn growing() -> Self {
         Self {
             fixed: false,
             heads: None,
@@ -276,16 +276,24 @@ impl KeyValueCache {
     }
 
     /// For attention to a memory that stays the same for the whole sequence.
-    pub(crate) fn fixed() -> Self {
+    pub fn fixed() -> Self {
         Self {
             fixed: true,
             heads: None,
         }
     }
 
+    /// The positions whose keys and values the cache holds.
+    pub fn seen(&self) -> usize {
+        self.heads.as_ref().map_or(0, |(key, _)| key.dims()[2])
+    }
+
     /// Every key and value head so far, `project`ing the new ones (only on the first call of a
     /// fixed cache).
-    fn heads(
+    ///
+    /// # Panics
+    /// When the new heads' batch differs from the cached ones'.
+    pub fn heads(
         &mut self,
         project: impl FnOnce() -> (Tensor<4>, Tensor<4>),
     ) -> (Tensor<4>, Tensor<4>) {

@@ -9,6 +9,7 @@
 //!   2 bits per weight ([`PackedTernary`], multiplied on a device as a [`PackedWeight`]);
 //! - [`FlashMultiHeadAttention`]: Burn's multi-head attention on [`crate::ops::flash_attention`];
 //!   [`FlashTransformerEncoder`] and [`FlashTransformerDecoder`], Burn's transformer layers on it;
+//!   [`KeyValueCache`], one attention layer's keys and values kept for generation;
 //! - [`FusedLinearCrossEntropyLoss`]: an LM head's `Linear` + `CrossEntropyLoss` on
 //!   [`crate::ops::fused_linear_cross_entropy`];
 //! - [`Routed`]: `burn::nn`'s linear, embedding and RMSNorm with their parameters updated during
@@ -35,7 +36,7 @@ pub use crate::ops::packed_matmul::packed_weight::PackedWeight;
 pub use counter_cross_entropy::counter_loss_block_rows;
 pub use counter_embedding::CounterEmbedding;
 pub use counter_linear::{CounterLinear, CounterLinearConfig, CounterWeights};
-pub use flash_mha::{FlashMhaInput, FlashMultiHeadAttention};
+pub use flash_mha::{FlashMhaInput, FlashMultiHeadAttention, KeyValueCache};
 pub use flash_transformer::{
     FlashTransformerDecoder, FlashTransformerDecoderAutoregressiveCache,
     FlashTransformerDecoderInput, FlashTransformerDecoderLayer, FlashTransformerEncoder,
