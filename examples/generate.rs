@@ -1,4 +1,5 @@
-//! Continue a prompt with a model `train` wrote, through its generation cache.
+//! Continue a prompt with a model `train` wrote, or a Hugging Face Llama checkpoint, through
+//! the model's generation cache.
 //!
 //! ```text
 //! cargo run --release --example generate -- --from artifacts/train --prompt "ROMEO:"
@@ -21,6 +22,7 @@ use burn_memwall::memory::{CountingAllocator, MemoryMeter};
 use burn_memwall_models::Error;
 use burn_memwall_models::data::TextTokenizer;
 use burn_memwall_models::generation::{Sampler, Sampling};
+use burn_memwall_models::llama::load_llama;
 use burn_memwall_models::training::Artifacts;
 use clap::Parser;
 use serde::Serialize;
@@ -31,7 +33,8 @@ static ALLOCATOR: CountingAllocator = CountingAllocator;
 #[derive(Parser, Debug)]
 #[command(about = "Continue a prompt with a model trained by the train example")]
 struct Args {
-    /// The folder `train` wrote (`--artifacts` there).
+    /// The folder `train` wrote (`--artifacts` there), or a Hugging Face Llama folder
+    /// (`config.json`, `model.safetensors` or its shards, `tokenizer.json`).
     #[arg(long, default_value = "artifacts/train")]
     from: PathBuf,
     #[arg(long, default_value = "ROMEO:")]
@@ -89,7 +92,14 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         top_p: args.top_p,
     };
     let mut sampler = Sampler::new(sampling, args.seed)?;
-    let (model, tokenizer) = Artifacts::new(&args.from).trained_model(&device)?;
+    let (model, tokenizer) = match args.from.join("run.json").exists() {
+        true => Artifacts::new(&args.from).trained_model(&device)?,
+        // A Hugging Face Llama folder.
+        false => (
+            load_llama(&args.from, &device)?,
+            TextTokenizer::from_file(args.from.join("tokenizer.json"))?,
+        ),
+    };
     let prompt: Vec<i64> = tokenizer
         .encode(&args.prompt)?
         .into_iter()

@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod data;
 mod error;
 pub mod generation;
+pub mod llama;
 pub mod lm;
 pub mod training;
 

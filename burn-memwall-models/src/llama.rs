@@ -1,0 +1,298 @@
+//! Hugging Face Llama-family checkpoints as the reference LM: `config.json` with
+//! `model.safetensors`, or with its shards and their `model.safetensors.index.json`, as
+//! `LlamaForCausalLM.save_pretrained` writes them.
+//!
+//! The LM's rotary embedding (Burn's `RotaryEncoding`) rotates each head's features in
+//! adjacent pairs `(2m, 2m + 1)`; Llama's rotates `(m, m + d_head/2)` ("rotate half"), at the
+//! same frequency `m`. The import reorders each query and key head's output features so that
+//! Llama's pairs become adjacent: both are reordered alike, so every attention score is the
+//! same, and the values and outputs are untouched.
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
+
+use burn::module::{Module, ModuleMapper, Param};
+use burn::prelude::*;
+use burn::store::{ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
+use serde::Deserialize;
+
+use crate::Error;
+use crate::lm::{LanguageModel, LmConfig, MlpKind};
+
+/// The fields of a Llama `config.json` that shape the model. Fields that would change the
+/// computation in ways the LM does not have are read only to refuse them.
+#[derive(Deserialize, Debug)]
+struct LlamaConfig {
+    #[serde(default)]
+    model_type: Option<String>,
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    #[serde(default)]
+    num_key_value_heads: Option<usize>,
+    #[serde(default)]
+    head_dim: Option<usize>,
+    max_position_embeddings: usize,
+    rms_norm_eps: f64,
+    /// transformers before 5: the rotary base, and a scaling the LM does not implement.
+    #[serde(default)]
+    rope_theta: Option<f64>,
+    #[serde(default)]
+    rope_scaling: Option<serde_json::Value>,
+    /// transformers 5: both in one object.
+    #[serde(default)]
+    rope_parameters: Option<RopeParameters>,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    hidden_act: Option<String>,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default)]
+    mlp_bias: bool,
+}
+
+#[derive(Deserialize, Debug)]
+struct RopeParameters {
+    rope_theta: f64,
+    #[serde(default)]
+    rope_type: Option<String>,
+}
+
+impl LlamaConfig {
+    /// The LM of this shape, or what it cannot express, by the field's name.
+    fn to_lm(&self, path: &Path) -> Result<LmConfig, Error> {
+        let refuse = |reason: String| {
+            Err(Error::Checkpoint {
+                path: path.into(),
+                reason,
+            })
+        };
+        if let Some(kind) = self.model_type.as_deref().filter(|kind| *kind != "llama") {
+            return refuse(format!("model_type `{kind}`: only `llama` is imported"));
+        }
+        if let Some(act) = self.hidden_act.as_deref().filter(|act| *act != "silu") {
+            return refuse(format!(
+                "hidden_act `{act}`: the LM's MLP is SwiGLU (`silu`)"
+            ));
+        }
+        if self.attention_bias || self.mlp_bias {
+            return refuse("attention_bias or mlp_bias: the LM's linears have no bias".into());
+        }
+        let scaled = match &self.rope_parameters {
+            Some(parameters) => parameters
+                .rope_type
+                .as_deref()
+                .is_some_and(|kind| kind != "default"),
+            None => self.rope_scaling.as_ref().is_some_and(|s| !s.is_null()),
+        };
+        if scaled {
+            return refuse(
+                "rope scaling (rope_scaling, or a rope_type other than `default`): not \
+                 implemented by the LM's rotary embedding"
+                    .into(),
+            );
+        }
+        let d_head = self.hidden_size / self.num_attention_heads.max(1);
+        if let Some(head_dim) = self.head_dim.filter(|&head_dim| head_dim != d_head) {
+            return refuse(format!(
+                "head_dim {head_dim} is not hidden_size / num_attention_heads = {d_head}"
+            ));
+        }
+        let rope_theta = match &self.rope_parameters {
+            Some(parameters) => parameters.rope_theta,
+            None => self.rope_theta.unwrap_or(10_000.0),
+        };
+        let config = LmConfig::new(
+            self.vocab_size,
+            self.hidden_size,
+            self.num_hidden_layers,
+            self.num_attention_heads,
+            self.num_key_value_heads.unwrap_or(self.num_attention_heads),
+            self.intermediate_size,
+            self.max_position_embeddings,
+        )
+        .with_mlp(MlpKind::SwiGlu)
+        .with_tie_embeddings(self.tie_word_embeddings)
+        .with_rope_theta(rope_theta as f32)
+        .with_norm_eps(self.rms_norm_eps);
+        config.validate().map_err(|error| Error::Checkpoint {
+            path: path.into(),
+            reason: error.to_string(),
+        })?;
+        Ok(config)
+    }
+}
+
+/// The LM config of the Llama checkpoint in `dir` (its `config.json`).
+///
+/// # Errors
+/// An unreadable `config.json`, or a model the LM cannot express (another `model_type`, biases,
+/// an activation other than SiLU, rope scaling), naming the field.
+pub fn llama_config(dir: &Path) -> Result<LmConfig, Error> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|error| Error::io(&path, error))?;
+    let config: LlamaConfig = serde_json::from_str(&text).map_err(|error| Error::Checkpoint {
+        path: path.clone(),
+        reason: error.to_string(),
+    })?;
+    config.to_lm(&path)
+}
+
+/// The Llama checkpoint in `dir` as the reference LM on `device` (dense linears, standard
+/// blocks; switch attention, loss or blocks afterwards as for any LM config).
+///
+/// # Errors
+/// As [`llama_config`]; a missing, truncated or unreadable weights file or shard; a tensor
+/// missing, unexpected or of another shape than the config says, naming it.
+pub fn load_llama(dir: &Path, device: &Device) -> Result<LanguageModel, Error> {
+    let config = llama_config(dir)?;
+    let mut model = config.init(device)?;
+    let files = weight_files(dir)?;
+    let mut applied = HashSet::new();
+    let mut missing: Option<BTreeSet<String>> = None;
+    let mut unused = BTreeSet::new();
+    for file in &files {
+        if !file.exists() {
+            return Err(Error::io(file, std::io::ErrorKind::NotFound.into()));
+        }
+        let fail = |reason: String| Error::Checkpoint {
+            path: file.clone(),
+            reason,
+        };
+        let mut store = hugging_face_names(SafetensorsStore::from_file(file))
+            .with_from_adapter(PyTorchToBurnAdapter)
+            .skip_enum_variants(true)
+            .allow_partial(true);
+        let result = model
+            .load_from(&mut store)
+            .map_err(|error| fail(error.to_string()))?;
+        if !result.errors.is_empty() {
+            return Err(fail(format!("{:?}", result.errors)));
+        }
+        applied.extend(result.applied);
+        unused.extend(result.unused);
+        let here: BTreeSet<String> = result.missing.into_iter().map(|(path, _)| path).collect();
+        missing = Some(match missing {
+            Some(before) => before.intersection(&here).cloned().collect(),
+            None => here,
+        });
+    }
+    let missing: Vec<_> = missing.unwrap_or_default().into_iter().collect();
+    if !missing.is_empty() || !unused.is_empty() {
+        return Err(Error::Checkpoint {
+            path: dir.into(),
+            reason: format!(
+                "the weights do not match config.json: missing {missing:?}, unexpected {unused:?}"
+            ),
+        });
+    }
+    Ok(model.map(&mut RotateHalfToAdjacent {
+        d_head: config.d_head(),
+        path: Vec::new(),
+    }))
+}
+
+/// The weights files: the shards the index names, or the one `model.safetensors`.
+fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, Error> {
+    let index = dir.join("model.safetensors.index.json");
+    if !index.exists() {
+        return Ok(vec![dir.join("model.safetensors")]);
+    }
+    #[derive(Deserialize)]
+    struct Index {
+        weight_map: std::collections::BTreeMap<String, String>,
+    }
+    let text = std::fs::read_to_string(&index).map_err(|error| Error::io(&index, error))?;
+    let index_file: Index = serde_json::from_str(&text).map_err(|error| Error::Checkpoint {
+        path: index.clone(),
+        reason: error.to_string(),
+    })?;
+    let shards: BTreeSet<&String> = index_file.weight_map.values().collect();
+    Ok(shards.into_iter().map(|shard| dir.join(shard)).collect())
+}
+
+/// `store` reading Hugging Face's Llama names as the LM's paths.
+fn hugging_face_names(store: SafetensorsStore) -> SafetensorsStore {
+    let layer = r"^model\.layers\.(\d+)\.";
+    [
+        (r"^model\.embed_tokens\.".to_string(), "embedding."),
+        (r"^model\.norm\.".to_string(), "norm."),
+        (r"^lm_head\.".to_string(), "head."),
+        (
+            format!(r"{layer}self_attn\.q_proj\."),
+            "blocks.$1.attention.query.",
+        ),
+        (
+            format!(r"{layer}self_attn\.k_proj\."),
+            "blocks.$1.attention.key.",
+        ),
+        (
+            format!(r"{layer}self_attn\.v_proj\."),
+            "blocks.$1.attention.value.",
+        ),
+        (
+            format!(r"{layer}self_attn\.o_proj\."),
+            "blocks.$1.attention.output.",
+        ),
+        (format!(r"{layer}mlp\.gate_proj\."), "blocks.$1.mlp.gate."),
+        (format!(r"{layer}mlp\.up_proj\."), "blocks.$1.mlp.up."),
+        (format!(r"{layer}mlp\.down_proj\."), "blocks.$1.mlp.down."),
+        (
+            format!(r"{layer}input_layernorm\."),
+            "blocks.$1.attention_norm.",
+        ),
+        (
+            format!(r"{layer}post_attention_layernorm\."),
+            "blocks.$1.mlp_norm.",
+        ),
+    ]
+    .into_iter()
+    .fold(store, |store, (from, to)| {
+        store.with_key_remapping(from, to)
+    })
+}
+
+/// Reorders the output features of every query and key weight `[d_model, heads · d_head]` from
+/// Llama's rotate-half pairs to the LM's adjacent pairs: feature `2m` of each head takes
+/// Llama's `m`, feature `2m + 1` takes `m + d_head/2`.
+struct RotateHalfToAdjacent {
+    d_head: usize,
+    /// The modules entered, outermost first.
+    path: Vec<String>,
+}
+
+impl ModuleMapper for RotateHalfToAdjacent {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let rotated = self
+            .path
+            .windows(2)
+            .any(|pair| pair[0] == "attention" && matches!(pair[1].as_str(), "query" | "key"));
+        if D != 2 || !rotated {
+            return param;
+        }
+        let (d_head, half) = (self.d_head, self.d_head / 2);
+        param.map(|weight| {
+            let columns = weight.dims()[1];
+            let order: Vec<i64> = (0..columns)
+                .map(|feature| {
+                    let (head, within) = (feature / d_head, feature % d_head);
+                    (head * d_head + within / 2 + (within % 2) * half) as i64
+                })
+                .collect();
+            let device = weight.device();
+            let order = Tensor::<1, Int>::from_data(TensorData::new(order, [columns]), &device);
+            weight.select(1, order)
+        })
+    }
+}
