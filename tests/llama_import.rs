@@ -9,8 +9,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
-use burn_memwall_models::llama::load_llama;
-use burn_memwall_models::lm::LanguageModel;
+use burn_memwall_models::llama::{llama_config, load_llama, save_llama};
+use burn_memwall_models::lm::{BlockKind, LanguageModel, LinearKind, MlpKind};
 use serde::Deserialize;
 
 fn fixture(name: &str) -> PathBuf {
@@ -175,4 +175,70 @@ fn missing_truncated_or_mismatched_weights_are_refused_by_name() {
         error.contains("model-00002-of-00002.safetensors"),
         "{error}"
     );
+}
+
+/// Every tensor of a safetensors file: its name, dtype and shape, and its bytes.
+fn tensors(path: &Path) -> std::collections::BTreeMap<String, (String, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let data = &bytes[8 + header_len..];
+    header
+        .into_iter()
+        .filter(|(name, _)| name != "__metadata__")
+        .map(|(name, info)| {
+            let offsets = &info["data_offsets"];
+            let (start, end) = (
+                offsets[0].as_u64().unwrap() as usize,
+                offsets[1].as_u64().unwrap() as usize,
+            );
+            let layout = format!("{} {}", info["dtype"], info["shape"]);
+            (name, (layout, data[start..end].to_vec()))
+        })
+        .collect()
+}
+
+/// Exporting an imported checkpoint writes transformers' tensors back bit for bit, under their
+/// names and shapes, with a config that imports to the same model.
+#[test]
+fn an_imported_checkpoint_exports_bit_exactly() {
+    let device = Device::flex();
+    for name in ["gqa", "tied"] {
+        let config = llama_config(&fixture(name)).unwrap();
+        let model = load_llama(&fixture(name), &device).unwrap();
+        let exported = tempfile::tempdir().unwrap();
+        save_llama(&model, &config, exported.path()).unwrap();
+        assert_eq!(
+            tensors(&exported.path().join("model.safetensors")),
+            tensors(&fixture(name).join("model.safetensors")),
+            "{name}"
+        );
+        assert_eq!(llama_config(exported.path()).unwrap(), config, "{name}");
+    }
+}
+
+#[test]
+fn a_model_that_is_no_llama_is_not_exported_as_one() {
+    let device = Device::flex();
+    let config = llama_config(&fixture("gqa")).unwrap();
+    for (variant, what) in [
+        (
+            config.clone().with_blocks(BlockKind::Reversible),
+            "reversible blocks",
+        ),
+        (config.clone().with_mlp(MlpKind::ReluSquared), "a ReLU² MLP"),
+        (
+            config.clone().with_linear(LinearKind::Ternary),
+            "quantised linears",
+        ),
+    ] {
+        let model = variant.init(&device).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let error = save_llama(&model, &variant, dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(what), "{error}");
+        assert!(!dir.path().join("model.safetensors").exists());
+    }
 }

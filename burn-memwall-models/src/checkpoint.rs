@@ -44,9 +44,17 @@ fn temporary_sibling(path: &Path) -> PathBuf {
 
 /// Saves every parameter of `module` as a safetensors file (written atomically).
 pub fn save_safetensors<M: Module>(module: &M, path: impl AsRef<Path>) -> Result<(), Error> {
-    let path = path.as_ref();
+    save_safetensors_with(module, path.as_ref(), |store| store)
+}
+
+/// [`save_safetensors`] through the store `configure` makes (names, adapters).
+pub(crate) fn save_safetensors_with<M: Module>(
+    module: &M,
+    path: &Path,
+    configure: impl FnOnce(SafetensorsStore) -> SafetensorsStore,
+) -> Result<(), Error> {
     let tmp = temporary_sibling(path);
-    let mut store = SafetensorsStore::from_file(&tmp).overwrite(true);
+    let mut store = configure(SafetensorsStore::from_file(&tmp).overwrite(true));
     module
         .save_into(&mut store)
         .map_err(|e| Error::Checkpoint {

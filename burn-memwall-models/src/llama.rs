@@ -1,6 +1,6 @@
 //! Hugging Face Llama-family checkpoints as the reference LM: `config.json` with
 //! `model.safetensors`, or with its shards and their `model.safetensors.index.json`, as
-//! `LlamaForCausalLM.save_pretrained` writes them.
+//! `LlamaForCausalLM.save_pretrained` writes them; and back ([`save_llama`]).
 //!
 //! The LM's rotary embedding (Burn's `RotaryEncoding`) rotates each head's features in
 //! adjacent pairs `(2m, 2m + 1)`; Llama's rotates `(m, m + d_head/2)` ("rotate half"), at the
@@ -13,11 +13,12 @@ use std::path::{Path, PathBuf};
 
 use burn::module::{Module, ModuleMapper, Param};
 use burn::prelude::*;
-use burn::store::{ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
+use burn::store::{BurnToPyTorchAdapter, ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
 use serde::Deserialize;
 
 use crate::Error;
-use crate::lm::{LanguageModel, LmConfig, MlpKind};
+use crate::checkpoint::{save_safetensors_with, write_atomically};
+use crate::lm::{BlockKind, LanguageModel, LinearKind, LmConfig, MlpKind};
 
 /// The fields of a Llama `config.json` that shape the model. Fields that would change the
 /// computation in ways the LM does not have are read only to refuse them.
@@ -162,7 +163,7 @@ pub fn load_llama(dir: &Path, device: &Device) -> Result<LanguageModel, Error> {
             path: file.clone(),
             reason,
         };
-        let mut store = hugging_face_names(SafetensorsStore::from_file(file))
+        let mut store = renamed(SafetensorsStore::from_file(file), Naming::FromHuggingFace)
             .with_from_adapter(PyTorchToBurnAdapter)
             .skip_enum_variants(true)
             .allow_partial(true);
@@ -189,10 +190,59 @@ pub fn load_llama(dir: &Path, device: &Device) -> Result<LanguageModel, Error> {
             ),
         });
     }
-    Ok(model.map(&mut RotateHalfToAdjacent {
-        d_head: config.d_head(),
-        path: Vec::new(),
-    }))
+    Ok(model.map(&mut RotaryPairs::new(config.d_head(), true)))
+}
+
+/// Writes `model` of `config` into `dir` as a Hugging Face Llama checkpoint (`config.json`,
+/// `model.safetensors`, written atomically), which [`load_llama`] and transformers'
+/// `LlamaForCausalLM.from_pretrained` read back.
+///
+/// # Errors
+/// A model that is not a Llama (a ReLU² MLP, quantised linears, reversible blocks), or a file
+/// that cannot be written.
+pub fn save_llama(model: &LanguageModel, config: &LmConfig, dir: &Path) -> Result<(), Error> {
+    let not_llama = match (config.mlp, config.linear, config.blocks) {
+        (MlpKind::SwiGlu, LinearKind::Dense, BlockKind::Standard) => None,
+        (MlpKind::ReluSquared, _, _) => Some("a ReLU² MLP"),
+        (_, LinearKind::Dense, _) => Some("reversible blocks"),
+        _ => Some("quantised linears"),
+    };
+    if let Some(what) = not_llama {
+        return Err(Error::Checkpoint {
+            path: dir.into(),
+            reason: format!("{what}: a Llama checkpoint has SwiGLU, dense, standard blocks"),
+        });
+    }
+    std::fs::create_dir_all(dir).map_err(|error| Error::io(dir, error))?;
+    let llama = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.d_model,
+        "intermediate_size": config.d_ff,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "num_key_value_heads": config.n_kv_heads,
+        "head_dim": config.d_head(),
+        "max_position_embeddings": config.max_seq_len,
+        "rms_norm_eps": config.norm_eps,
+        "rope_theta": config.rope_theta,
+        "hidden_act": "silu",
+        "attention_bias": false,
+        "mlp_bias": false,
+        "tie_word_embeddings": config.tie_embeddings,
+        "torch_dtype": "float32",
+    });
+    let config_path = dir.join("config.json");
+    write_atomically(&config_path, format!("{llama:#}\n").as_bytes())?;
+    let exported = model
+        .clone()
+        .map(&mut RotaryPairs::new(config.d_head(), false));
+    save_safetensors_with(&exported, &dir.join("model.safetensors"), |store| {
+        renamed(store, Naming::ToHuggingFace)
+            .with_to_adapter(BurnToPyTorchAdapter)
+            .skip_enum_variants(true)
+    })
 }
 
 /// The weights files: the shards the index names, or the one `model.safetensors`.
@@ -214,57 +264,91 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, Error> {
     Ok(shards.into_iter().map(|shard| dir.join(shard)).collect())
 }
 
-/// `store` reading Hugging Face's Llama names as the LM's paths.
-fn hugging_face_names(store: SafetensorsStore) -> SafetensorsStore {
-    let layer = r"^model\.layers\.(\d+)\.";
-    [
-        (r"^model\.embed_tokens\.".to_string(), "embedding."),
-        (r"^model\.norm\.".to_string(), "norm."),
-        (r"^lm_head\.".to_string(), "head."),
-        (
-            format!(r"{layer}self_attn\.q_proj\."),
-            "blocks.$1.attention.query.",
+/// The LM's module paths of Llama's tensors: those of every block (under `model.layers.{i}.`
+/// and `blocks.{i}.`), then the others.
+const BLOCK_NAMES: [(&str, &str); 9] = [
+    ("self_attn.q_proj", "attention.query"),
+    ("self_attn.k_proj", "attention.key"),
+    ("self_attn.v_proj", "attention.value"),
+    ("self_attn.o_proj", "attention.output"),
+    ("mlp.gate_proj", "mlp.gate"),
+    ("mlp.up_proj", "mlp.up"),
+    ("mlp.down_proj", "mlp.down"),
+    ("input_layernorm", "attention_norm"),
+    ("post_attention_layernorm", "mlp_norm"),
+];
+const MODEL_NAMES: [(&str, &str); 3] = [
+    ("model.embed_tokens", "embedding"),
+    ("model.norm", "norm"),
+    ("lm_head", "head"),
+];
+
+/// Which way [`renamed`] maps names.
+#[derive(Clone, Copy)]
+enum Naming {
+    /// Reading Hugging Face's names as the LM's paths.
+    FromHuggingFace,
+    /// Writing the LM's paths as Hugging Face's names.
+    ToHuggingFace,
+}
+
+/// `store` with every name mapped as `naming` says; the norms' `weight`/`gamma` and the
+/// linears' transposition are the PyTorch adapters'.
+fn renamed(store: SafetensorsStore, naming: Naming) -> SafetensorsStore {
+    let escape = |name: &str| name.replace('.', r"\.");
+    let blocks = BLOCK_NAMES.iter().map(|&(hf, lm)| match naming {
+        Naming::FromHuggingFace => (
+            format!(r"^model\.layers\.(\d+)\.{}\.", escape(hf)),
+            format!("blocks.$1.{lm}."),
         ),
-        (
-            format!(r"{layer}self_attn\.k_proj\."),
-            "blocks.$1.attention.key.",
+        Naming::ToHuggingFace => (
+            format!(r"^blocks\.(\d+)\.{}\.", escape(lm)),
+            format!("model.layers.$1.{hf}."),
         ),
-        (
-            format!(r"{layer}self_attn\.v_proj\."),
-            "blocks.$1.attention.value.",
-        ),
-        (
-            format!(r"{layer}self_attn\.o_proj\."),
-            "blocks.$1.attention.output.",
-        ),
-        (format!(r"{layer}mlp\.gate_proj\."), "blocks.$1.mlp.gate."),
-        (format!(r"{layer}mlp\.up_proj\."), "blocks.$1.mlp.up."),
-        (format!(r"{layer}mlp\.down_proj\."), "blocks.$1.mlp.down."),
-        (
-            format!(r"{layer}input_layernorm\."),
-            "blocks.$1.attention_norm.",
-        ),
-        (
-            format!(r"{layer}post_attention_layernorm\."),
-            "blocks.$1.mlp_norm.",
-        ),
-    ]
-    .into_iter()
-    .fold(store, |store, (from, to)| {
+    });
+    let others = MODEL_NAMES.iter().map(|&(hf, lm)| match naming {
+        Naming::FromHuggingFace => (format!(r"^{}\.", escape(hf)), format!("{lm}.")),
+        Naming::ToHuggingFace => (format!(r"^{}\.", escape(lm)), format!("{hf}.")),
+    });
+    blocks.chain(others).fold(store, |store, (from, to)| {
         store.with_key_remapping(from, to)
     })
 }
 
-/// Reorders the output features of every query and key weight `[d_model, heads · d_head]` from
-/// Llama's rotate-half pairs to the LM's adjacent pairs: feature `2m` of each head takes
-/// Llama's `m`, feature `2m + 1` takes `m + d_head/2`.
-struct RotateHalfToAdjacent {
+/// Reorders the output features of every query and key weight `[d_model, heads · d_head]`
+/// between Llama's rotate-half pairs `(m, m + d_head/2)` and the LM's adjacent pairs
+/// `(2m, 2m + 1)`.
+struct RotaryPairs {
     d_head: usize,
+    /// Towards the LM's order (import), else towards Llama's (export).
+    to_adjacent: bool,
     /// The modules entered, outermost first.
     path: Vec<String>,
 }
 
-impl ModuleMapper for RotateHalfToAdjacent {
+impl RotaryPairs {
+    fn new(d_head: usize, to_adjacent: bool) -> Self {
+        Self {
+            d_head,
+            to_adjacent,
+            path: Vec::new(),
+        }
+    }
+
+    /// The feature of a head that feature `within` takes.
+    fn source(&self, within: usize) -> usize {
+        let half = self.d_head / 2;
+        match (self.to_adjacent, within < half) {
+            // Adjacent `2m` takes rotate-half `m`, `2m + 1` takes `m + half`.
+            (true, _) => within / 2 + (within % 2) * half,
+            // Rotate-half `m` takes adjacent `2m`, `m + half` takes `2m + 1`.
+            (false, true) => 2 * within,
+            (false, false) => 2 * (within - half) + 1,
+        }
+    }
+}
+
+impl ModuleMapper for RotaryPairs {
     fn enter_module(&mut self, name: &str, _container_type: &str) {
         self.path.push(name.to_string());
     }
@@ -281,13 +365,12 @@ impl ModuleMapper for RotateHalfToAdjacent {
         if D != 2 || !rotated {
             return param;
         }
-        let (d_head, half) = (self.d_head, self.d_head / 2);
         param.map(|weight| {
             let columns = weight.dims()[1];
             let order: Vec<i64> = (0..columns)
                 .map(|feature| {
-                    let (head, within) = (feature / d_head, feature % d_head);
-                    (head * d_head + within / 2 + (within % 2) * half) as i64
+                    let (head, within) = (feature / self.d_head, feature % self.d_head);
+                    (head * self.d_head + self.source(within)) as i64
                 })
                 .collect();
             let device = weight.device();
