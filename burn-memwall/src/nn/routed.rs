@@ -141,7 +141,13 @@ impl<'a> Routed<'a> {
     /// no float input to anchor on, so its weight anchors on itself and is updated last, when
     /// its gradient is complete anyway.
     pub fn embedding(&self, layer: &Embedding, tokens: Tensor<2, Int>) -> Tensor<3> {
-        let weight = self.param(&layer.weight, &layer.weight.val());
+        // A leaf: the weight, or for a LoRA-adapted one its first factor (a computed anchor
+        // would be a node of the graph that no gradient reaches).
+        let anchor = match layer.weight.adapter() {
+            Some(adapter) => adapter.a.val(),
+            None => layer.weight.val(),
+        };
+        let weight = self.param(&layer.weight, &anchor);
         embedding(weight, tokens)
     }
 }

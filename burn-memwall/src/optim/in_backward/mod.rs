@@ -236,6 +236,17 @@ impl InBackward {
         param: &Param<Tensor<D>>,
         anchor: &Tensor<A>,
     ) -> Tensor<D> {
+        // A LoRA-adapted weight (Burn's `Module::apply_lora`) trains its factors, not itself:
+        // its value is Burn's `base + scale · (a @ b)` with the factors routed.
+        if let Some(adapter) = param.adapter() {
+            let (a, b) = (
+                self.param(&adapter.a, anchor),
+                self.param(&adapter.b, anchor),
+            );
+            let base = param.base();
+            let delta = a.matmul(b).mul_scalar(adapter.scale).reshape(base.shape());
+            return base + delta;
+        }
         let value = param.val();
         if !(value.is_require_grad() && anchor.is_autodiff()) {
             return value;
