@@ -8,7 +8,7 @@
 //! Llama's pairs become adjacent: both are reordered alike, so every attention score is the
 //! same, and the values and outputs are untouched.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use burn::module::{Module, ModuleMapper, Param};
@@ -152,7 +152,6 @@ pub fn load_llama(dir: &Path, device: &Device) -> Result<LanguageModel, Error> {
     let config = llama_config(dir)?;
     let mut model = config.init(device)?;
     let files = weight_files(dir)?;
-    let mut applied = HashSet::new();
     let mut missing: Option<BTreeSet<String>> = None;
     let mut unused = BTreeSet::new();
     for file in &files {
@@ -173,7 +172,6 @@ pub fn load_llama(dir: &Path, device: &Device) -> Result<LanguageModel, Error> {
         if !result.errors.is_empty() {
             return Err(fail(format!("{:?}", result.errors)));
         }
-        applied.extend(result.applied);
         unused.extend(result.unused);
         let here: BTreeSet<String> = result.missing.into_iter().map(|(path, _)| path).collect();
         missing = Some(match missing {

@@ -180,7 +180,11 @@ impl LanguageModel {
         let x = match &self.reversible {
             // Both streams start as the embedding; the final norm reads their mean.
             Some(reversible) => {
-                merge_streams(reversible.forward(Tensor::cat(vec![x.clone(), x], 2)))
+                let streams = reversible.forward(Tensor::cat(vec![x.clone(), x], 2));
+                mean_of_streams(
+                    <[Tensor<3>; 2]>::try_from(streams.chunk(2, 2))
+                        .expect("the blocks return both streams"),
+                )
             }
             None => self
                 .blocks
@@ -230,7 +234,7 @@ impl LanguageModel {
                         let y2 = x2 + g.forward(y1.clone());
                         [y1, y2]
                     });
-                merge_streams(Tensor::cat(vec![first, second], 2))
+                mean_of_streams([first, second])
             }
             None => self.blocks.iter().zip(caches).fold(x, |x, (block, cache)| {
                 block.forward_cached(x, &self.rope, route, Some(cache))
@@ -352,10 +356,8 @@ impl GenerationCache {
     }
 }
 
-/// The mean of the two streams `[batch, seq, 2 · d_model]` of reversible blocks.
-fn merge_streams(streams: Tensor<3>) -> Tensor<3> {
-    let [first, second] =
-        <[Tensor<3>; 2]>::try_from(streams.chunk(2, 2)).expect("the blocks return both streams");
+/// The mean of the two streams of reversible blocks.
+fn mean_of_streams([first, second]: [Tensor<3>; 2]) -> Tensor<3> {
     (first + second) * 0.5
 }
 
