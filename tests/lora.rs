@@ -6,11 +6,17 @@
 
 mod common;
 
-use burn::module::{Lora, Module, ModuleVisitor, Param};
+use burn::module::{Lora, Module, ModuleMapper, ModuleVisitor, Param};
+use burn::nn::{Linear, LinearConfig};
 use burn::optim::AdamWConfig;
 use burn::prelude::*;
+use burn_memwall::memory::CountingAllocator;
+use burn_memwall::nn::Routed;
 use burn_memwall::optim::{InBackward, train_step};
 use burn_memwall_models::lm::{AttentionKind, BlockKind, LanguageModel, LmConfig, LossKind};
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 /// The stored values of `model`'s parameters: the LoRA factors (found under a
 /// reparameterization, where Burn's traversal shows them) and the others (the frozen bases and
@@ -143,4 +149,89 @@ fn merging_the_adapters_computes_what_the_adapted_model_computes() {
         let merged = merged.forward(tokens).into_data();
         common::assert_close("logits", &config.blocks, 1e-5, merged, adapted);
     }
+}
+
+/// Every parameter (the frozen base and both factors) replaced by host values, keeping whether
+/// it trains: Burn's `b` starts at zero, which would hide the low-rank path.
+struct Redraw(f32);
+
+impl ModuleMapper for Redraw {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        self.0 += 1.0;
+        let value = param.val();
+        let drawn = common::host_tensor(value.dims(), self.0, &value.device()).mul_scalar(0.3);
+        let drawn = match value.is_require_grad() {
+            true => drawn.require_grad(),
+            false => drawn,
+        };
+        Param::initialized(param.id, drawn)
+    }
+}
+
+fn adapted_linear(d_input: usize, d_output: usize, rank: usize, device: &Device) -> Linear {
+    LinearConfig::new(d_input, d_output)
+        .init(device)
+        .apply_lora(Lora::new(rank, 2.0 * rank as f64))
+        .map(&mut Redraw(0.0))
+}
+
+/// The output and the gradients of the input and both factors.
+fn forward_backward(layer: &Linear, x: Tensor<3>, routed: bool) -> [TensorData; 4] {
+    let x = x.require_grad();
+    let y = match routed {
+        true => Routed::new(None).linear(layer, x.clone()),
+        false => layer.forward(x.clone()),
+    };
+    let weights = common::host_tensor(y.dims(), 0.7, &y.device());
+    let grads = (y.clone() * weights).sum().backward();
+    let adapter = layer.weight.adapter().expect("adapted");
+    let grad = |t: Tensor<2>| t.grad(&grads).expect("a gradient").into_data();
+    [
+        y.into_data(),
+        x.grad(&grads).expect("dx").into_data(),
+        grad(adapter.a.val()),
+        grad(adapter.b.val()),
+    ]
+}
+
+#[test]
+fn an_adapted_linear_computes_burns_function_and_gradients_in_low_rank() {
+    let _turn = common::take_turn();
+    for device in common::devices() {
+        let device = device.autodiff();
+        let layer = adapted_linear(24, 40, 4, &device);
+        let x = common::host_tensor([2, 5, 24], 0.2, &device);
+        let want = forward_backward(&layer, x.clone(), false);
+        let got = forward_backward(&layer, x, true);
+        for ((what, got), want) in ["y", "dx", "da", "db"].iter().zip(got).zip(want) {
+            common::assert_close(what, &device, 1e-5, got, want);
+        }
+    }
+}
+
+#[test]
+fn an_adapted_linear_holds_no_weight_sized_tensor_for_its_backward() {
+    let _turn = common::take_turn();
+    let device = Device::flex().autodiff();
+    let (d, rank) = (1024, 8);
+    let layer = adapted_linear(d, d, rank, &device);
+    let weight_bytes = (d * d * 4) as u64;
+    let x = common::host_tensor([1, 16, d], 0.2, &device);
+    let peak = |routed: bool| {
+        common::peak_of(&device, || {
+            forward_backward(&layer, x.clone(), routed);
+        })
+    };
+    let (burn, routed) = (peak(false), peak(true));
+    // Burn composes `W + s·A·B`, keeps it for the backward, then computes its full gradient.
+    assert!(
+        burn >= routed + 2 * weight_bytes,
+        "Burn's adapted linear {burn} bytes at the peak, the routed one {routed}, a \
+         {weight_bytes}-byte weight"
+    );
+    // What is left is the backend's transient matmul work (Flex packs its operands).
+    assert!(
+        routed < weight_bytes,
+        "the routed linear: {routed} bytes at the peak, a {weight_bytes}-byte weight"
+    );
 }

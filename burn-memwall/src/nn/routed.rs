@@ -17,7 +17,8 @@ use super::{
 use crate::optim::{InBackward, param_value};
 
 /// The forward passes of `burn::nn` layers, with each parameter anchored on the layer's input.
-/// With no [`InBackward`] they are exactly the layers' own `forward`.
+/// With no [`InBackward`] they compute the layers' own `forward` (a LoRA-adapted linear
+/// without its composed weight: [`Routed::linear`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Routed<'a> {
     in_backward: Option<&'a InBackward>,
@@ -54,10 +55,25 @@ impl<'a> Routed<'a> {
     }
 
     /// `layer.forward(x)`: `[..., d_input]` → `[..., d_output]`.
+    ///
+    /// A weight adapted by Burn's `Module::apply_lora` (`W + s·A·B`) is applied as
+    /// `x·W + s·(x·A)·B`: the same function, without the composed `[d_input, d_output]` weight
+    /// that Burn's `Linear::forward` builds each call and keeps for the backward pass, nor that
+    /// weight's full-size gradient. The backward keeps `x` and `x·A` (`rank` wide) instead.
     pub fn linear<const D: usize>(&self, layer: &Linear, x: Tensor<D>) -> Tensor<D> {
-        let weight = self.param(&layer.weight, &x);
         let bias = layer.bias.as_ref().map(|bias| self.param(bias, &x));
-        linear(x, weight, bias)
+        let Some(adapter) = layer.weight.adapter() else {
+            let weight = self.param(&layer.weight, &x);
+            return linear(x, weight, bias);
+        };
+        let (a, b) = (self.param(&adapter.a, &x), self.param(&adapter.b, &x));
+        let low_rank = linear(linear(x.clone(), a, None), b, None).mul_scalar(adapter.scale);
+        // Frozen, as LoRA leaves it, unless the caller unfroze it (then it is routed too).
+        let base = self.param(
+            &Param::initialized(layer.weight.id, layer.weight.base()),
+            &x,
+        );
+        linear(x, base, bias) + low_rank
     }
 
     /// `layer.forward(x)` with the latent weight (and bias) routed.
