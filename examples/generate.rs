@@ -22,8 +22,7 @@ use burn_memwall::memory::{CountingAllocator, MemoryMeter};
 use burn_memwall_models::Error;
 use burn_memwall_models::data::TextTokenizer;
 use burn_memwall_models::generation::{Sampler, Sampling};
-use burn_memwall_models::llama::load_llama;
-use burn_memwall_models::training::Artifacts;
+use burn_memwall_models::pretrained::Pretrained;
 use clap::Parser;
 use serde::Serialize;
 
@@ -92,14 +91,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         top_p: args.top_p,
     };
     let mut sampler = Sampler::new(sampling, args.seed)?;
-    let (model, tokenizer) = match args.from.join("run.json").exists() {
-        true => Artifacts::new(&args.from).trained_model(&device)?,
-        // A Hugging Face Llama folder.
-        false => (
-            load_llama(&args.from, &device)?,
-            TextTokenizer::from_file(args.from.join("tokenizer.json"))?,
-        ),
-    };
+    let (model, tokenizer) = Pretrained::open(&args.from)?.model(&device)?;
     let prompt: Vec<i64> = tokenizer
         .encode(&args.prompt)?
         .into_iter()

@@ -5,6 +5,7 @@
 //! cargo run --release --example train -- --stack baseline   # Burn's own path, for comparison
 //! cargo run --release --example train -- --model small --seq 512 --fit 300MiB   # the cheapest stack that fits
 //! cargo run --release --example train -- --data FILE --tokenizer bpe --vocab 2048 --model small
+//! cargo run --release --example train -- --from LLAMA_DIR --lora 16 --data FILE   # fine-tune a checkpoint
 //! cargo run --release --example train -- --resume           # continue the run in --artifacts exactly
 //! cargo run --release --example train -- --overwrite        # a new run in place of the one in --artifacts
 //! ```
@@ -19,10 +20,13 @@ use burn_memwall::memory::budget::DeviceMemory;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes, parse_bytes};
 use burn_memwall_models::data::{Corpus, TextTokenizer, load_text, split_text};
 use burn_memwall_models::lm::{
-    AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, PRESETS, StepShape, human_count,
+    AttentionKind, BlockKind, LinearKind, LmConfig, LoraConfig, LossKind, PRESETS, StepShape,
+    human_count,
 };
+use burn_memwall_models::pretrained::Pretrained;
 use burn_memwall_models::training::{
-    Artifacts, LossCurve, NamedSwitches, Plan, RunConfig, Start, TrainingConfig, find_stack, train,
+    Artifacts, LossCurve, NamedSwitches, Plan, RunConfig, Start, Switches, TrainingConfig,
+    find_stack, train,
 };
 use clap::{Parser, ValueEnum};
 
@@ -83,6 +87,19 @@ struct Args {
     /// Model size: tiny, small, gpt2-124m, llama-1b (vocabulary comes from the tokenizer).
     #[arg(long, default_value = "tiny")]
     model: String,
+    /// Fine-tune a trained model instead of drawing one: a Hugging Face Llama folder or a
+    /// folder `train` wrote. Its config and tokenizer are used; the stack's attention, loss and
+    /// optimizer apply, its blocks and linears are the model's own. A run from a Llama folder
+    /// also exports one (`llama/` in --artifacts).
+    #[arg(long, conflicts_with_all = ["model", "tokenizer", "tokenizer_file", "vocab", "fit"])]
+    from: Option<PathBuf>,
+    /// Train LoRA adapters of this rank on the blocks' linears, everything else frozen; the
+    /// adapters are exported alone too (adapters.safetensors).
+    #[arg(long)]
+    lora: Option<usize>,
+    /// LoRA's alpha: the adapters' product is scaled by alpha / rank (default 2 × rank).
+    #[arg(long, requires = "lora")]
+    lora_alpha: Option<f64>,
     /// The set of switches to train with: baseline (Burn's own path), memwall (flash attention,
     /// fused loss, full-width reversible blocks, FusedAdamW in backward), memwall-sgd (SGD in
     /// backward), memwall-counter (every matrix a counter code), or any single-part stack that
@@ -191,8 +208,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     {
         return Err("--vocab sets the size of a BPE trained here (--tokenizer bpe)".into());
     }
+    let base = args.from.as_deref().map(Pretrained::open).transpose()?;
+    let base_config = base.as_ref().map(Pretrained::config).transpose()?;
     let tokenizer = match (&args.tokenizer_file, args.tokenizer) {
         // On a resume too: the run then checks that it is the run's own.
+        _ if let (Some(base), Some(config)) = (&base, &base_config) => base.tokenizer(config)?,
         (Some(path), _) => TextTokenizer::from_file(path)?,
         // The run's own: a tokenizer built again (a BPE retrained) could give ids other
         // meanings than the weights learned.
@@ -216,8 +236,13 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             100.0 * corpus.unknown_share()
         );
     }
-    let mut model = LmConfig::preset(&args.model)?;
-    model.vocab_size = corpus.tokenizer().vocab_size();
+    let mut model = match &base_config {
+        Some(config) => config.clone(),
+        None => LmConfig {
+            vocab_size: corpus.tokenizer().vocab_size(),
+            ..LmConfig::preset(&args.model)?
+        },
+    };
     let stack = match args.fit {
         None => find_stack(&args.stack)?,
         Some(available) => fit_stack(&model, &args, &device, available)?,
@@ -249,7 +274,14 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             LossArg::Fused => LossKind::Fused,
         };
     }
+    if let Some(base) = &base_config {
+        keep_the_function(&mut switches, base, &args)?;
+    }
     let optimizer = switches.apply(&mut model);
+    let lora = args.lora.map(|rank| {
+        let alpha = args.lora_alpha.unwrap_or(2.0 * rank as f64);
+        LoraConfig::new(rank, alpha)
+    });
     let training = TrainingConfig::new()
         .with_seq_len(args.seq)
         .with_batch_size(args.batch)
@@ -261,7 +293,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .with_decay_steps(args.decay)
         .with_final_learning_rate(args.final_lr)
         .with_optimizer(optimizer)
-        .with_seed(args.seed);
+        .with_seed(args.seed)
+        .with_lora(lora.clone());
     println!(
         "model {} ({} parameters, vocab {}), {} + {} tokens (training + validation), device {}",
         args.model,
@@ -275,6 +308,18 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         "stack {}: attention {:?}, loss {:?}, blocks {:?}, linears {:?}, optimizer {:?}",
         stack.name, model.attention, model.loss, model.blocks, model.linear, optimizer
     );
+    if let Some(base) = &base {
+        println!("starting from {}", base.dir().display());
+    }
+    if let Some(lora) = &lora {
+        lora.validate(&model)?;
+        println!(
+            "LoRA rank {}, alpha {}: {} trainable parameters on the blocks' linears, the rest frozen",
+            lora.rank,
+            lora.alpha,
+            human_count(lora.trainable_parameters(&model))
+        );
+    }
     let decay = match args.decay {
         0 => String::new(),
         steps => format!(", cosine decay over {steps} steps to {}", args.final_lr),
@@ -305,7 +350,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let meter = MemoryMeter::new(&device);
     let started = Instant::now();
     let report = train(
-        &RunConfig::new(model, training),
+        &RunConfig::new(model, training).with_base(args.from.clone()),
         &corpus,
         &device,
         &artifacts,
@@ -348,6 +393,18 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         started.elapsed().as_secs_f64()
     );
     println!("  weights                {}", artifacts.weights().display());
+    if lora.is_some() {
+        println!(
+            "  adapters               {}",
+            artifacts.adapters().display()
+        );
+    }
+    if matches!(base, Some(Pretrained::Llama(_))) {
+        println!(
+            "  as a Llama checkpoint  {}",
+            artifacts.llama_export().display()
+        );
+    }
     println!(
         "  tokenizer              {}",
         artifacts.tokenizer().display()
@@ -415,6 +472,34 @@ fn plot_loss(
         .border_style(BLACK)
         .draw()?;
     root.present()?;
+    Ok(())
+}
+
+/// Keeps the base model's blocks and linears, which define the function its weights compute:
+/// a stack's other choice is said and replaced, an explicit `--blocks` or `--linear` refused.
+fn keep_the_function(
+    switches: &mut Switches,
+    base: &LmConfig,
+    args: &Args,
+) -> Result<(), Box<dyn std::error::Error>> {
+    if switches.blocks == base.blocks && switches.linear == base.linear {
+        return Ok(());
+    }
+    if args.blocks.is_some() || args.linear.is_some() {
+        return Err(format!(
+            "--blocks and --linear must be the model's own ({:?} blocks, {:?} linears) when \
+             fine-tuning it: others compute another function of its weights",
+            base.blocks, base.linear
+        )
+        .into());
+    }
+    println!(
+        "the stack's {:?} blocks and {:?} linears would compute another function of the \
+         model's weights: keeping its {:?} blocks and {:?} linears",
+        switches.blocks, switches.linear, base.blocks, base.linear
+    );
+    switches.blocks = base.blocks;
+    switches.linear = base.linear;
     Ok(())
 }
 

@@ -7,6 +7,7 @@ use burn_memwall_models::Error;
 use burn_memwall_models::checkpoint::{load_safetensors, save_safetensors};
 use burn_memwall_models::data::{Corpus, DEFAULT_CORPUS, TextTokenizer};
 use burn_memwall_models::lm::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind};
+use burn_memwall_models::pretrained::Pretrained;
 use burn_memwall_models::training::{
     Artifacts, RunConfig, Stack, Start, StepOptimizer, TrainReport, TrainingConfig, train,
 };
@@ -901,7 +902,7 @@ fn in_backward_training_refuses_the_learners_checkpointers() {
     });
 }
 
-/// `Artifacts::trained_model` gives back the run's model (the same logits, bit for bit) with
+/// `Pretrained::Run` gives back the run's model (the same logits, bit for bit) with
 /// its tokenizer, and refuses a folder without a finished run or with a tokenizer of another
 /// vocabulary, naming the file.
 #[test]
@@ -911,7 +912,7 @@ fn a_finished_run_loads_back_for_generation() {
     let dir = common::temp_dir();
     let artifacts = Artifacts::new(dir.path());
     let report = run(&run_config(1), &device, &artifacts, &Start::Fresh).unwrap();
-    let (model, tokenizer) = artifacts.trained_model(&device).unwrap();
+    let (model, tokenizer) = Pretrained::Run(artifacts.clone()).model(&device).unwrap();
     let ids: Vec<i64> = tokenizer
         .encode("ROMEO: ")
         .unwrap()
@@ -929,21 +930,32 @@ fn a_finished_run_loads_back_for_generation() {
         .unwrap()
         .save(artifacts.tokenizer())
         .unwrap();
-    let error = artifacts.trained_model(&device).unwrap_err().to_string();
+    let error = Pretrained::Run(artifacts.clone())
+        .model(&device)
+        .unwrap_err()
+        .to_string();
     assert!(
         error.contains("tokenizer.json holds 300 ids, the model's vocabulary 256"),
         "{error}"
     );
     std::fs::remove_file(artifacts.weights()).unwrap();
-    let error = artifacts.trained_model(&device).unwrap_err().to_string();
+    let error = Pretrained::Run(artifacts.clone())
+        .model(&device)
+        .unwrap_err()
+        .to_string();
     assert!(
         error.contains("model.safetensors: missing: the run exports its model"),
         "{error}"
     );
     let empty = common::temp_dir();
-    let error = Artifacts::new(empty.path())
-        .trained_model(&device)
+    let error = Pretrained::Run(Artifacts::new(empty.path()))
+        .model(&device)
         .unwrap_err()
         .to_string();
     assert!(error.contains("run.json: no run's record here"), "{error}");
+    let error = Pretrained::open(empty.path()).unwrap_err().to_string();
+    assert!(
+        error.contains("neither a run's folder (run.json) nor a Hugging Face Llama folder"),
+        "{error}"
+    );
 }

@@ -10,6 +10,7 @@ mod error;
 pub mod generation;
 pub mod llama;
 pub mod lm;
+pub mod pretrained;
 pub mod training;
 
 pub use error::Error;

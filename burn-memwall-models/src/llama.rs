@@ -150,7 +150,18 @@ pub fn llama_config(dir: &Path) -> Result<LmConfig, Error> {
 /// missing, unexpected or of another shape than the config says, naming it.
 pub fn load_llama(dir: &Path, device: &Device) -> Result<LanguageModel, Error> {
     let config = llama_config(dir)?;
-    let mut model = config.init(device)?;
+    load_llama_weights(config.init(device)?, &config, dir)
+}
+
+/// The weights of the Llama checkpoint in `dir`, of `config` ([`llama_config`]), loaded into
+/// `model`: a model of that config, with any attention and loss switches (they do not change
+/// the parameters).
+pub(crate) fn load_llama_weights(
+    model: LanguageModel,
+    config: &LmConfig,
+    dir: &Path,
+) -> Result<LanguageModel, Error> {
+    let mut model = model;
     let files = weight_files(dir)?;
     let mut missing: Option<BTreeSet<String>> = None;
     let mut unused = BTreeSet::new();

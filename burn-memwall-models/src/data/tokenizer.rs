@@ -118,6 +118,20 @@ impl TextTokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// Checks that a model whose embedding has `vocab_size` rows covers every id of this
+    /// tokenizer (`path` names it in the error). A Hugging Face checkpoint's embedding may have
+    /// more rows than its tokenizer ids (padded to a round number); fewer would fail mid-run.
+    pub fn check_fits(&self, vocab_size: usize, path: &Path) -> Result<(), Error> {
+        if self.vocab_size() > vocab_size {
+            return Err(Error::Tokenizer(format!(
+                "{} holds {} ids, the model's vocabulary {vocab_size}",
+                path.display(),
+                self.vocab_size()
+            )));
+        }
+        Ok(())
+    }
+
     /// Token ids of `text`, without adding special tokens.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, Error> {
         let encoding = self

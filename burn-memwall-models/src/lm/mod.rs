@@ -4,6 +4,7 @@ mod attention;
 mod budget;
 mod config;
 mod linear;
+mod lora;
 mod mlp;
 mod model;
 mod reversible;
@@ -18,6 +19,7 @@ pub use config::{
 };
 use linear::counter_config;
 pub use linear::{BlockLinear, LinearKind};
+pub use lora::{LoraConfig, load_adapters, save_adapters};
 pub use mlp::Mlp;
 pub use model::{Block, GenerationCache, LanguageModel};
 pub use reversible::{AttentionCoupling, MlpCoupling, reversible_blocks};

@@ -33,9 +33,11 @@ pub use stack::{NamedSwitches, PARTS, Stack, Switches, every_stack, find_stack};
 pub use step::{LmOutput, MeanLoss, PerplexityFromLoss};
 
 use crate::Error;
-use crate::checkpoint::{load_safetensors, save_safetensors, write_atomically};
-use crate::data::{Corpus, CorpusIdentity, LmBatcher, TextTokenizer, TokenWindows};
-use crate::lm::{LanguageModel, LmConfig};
+use crate::checkpoint::{save_safetensors, write_atomically};
+use crate::data::{Corpus, CorpusIdentity, LmBatcher, TokenWindows};
+use crate::llama::save_llama;
+use crate::lm::{LanguageModel, LmConfig, LoraConfig, save_adapters};
+use crate::pretrained::Pretrained;
 
 /// How to train: everything but the model shape and the data.
 #[derive(Config, Debug, PartialEq)]
@@ -77,6 +79,9 @@ pub struct TrainingConfig {
     /// Seeds the weights and the data order.
     #[config(default = 42)]
     pub seed: u64,
+    /// Train LoRA adapters on the blocks' linears, everything else frozen (with a
+    /// [`RunConfig::base`] to fine-tune, usually).
+    pub lora: Option<LoraConfig>,
 }
 
 impl TrainingConfig {
@@ -146,7 +151,89 @@ impl TrainingConfig {
 pub struct RunConfig {
     pub model: LmConfig,
     pub training: TrainingConfig,
+    /// The trained model to start from (a [`Pretrained`] folder), instead of drawn weights.
+    /// `model` must be its config, but for the attention and the loss.
+    pub base: Option<PathBuf>,
 }
+
+impl RunConfig {
+    /// Checks that the configs hold together, and with the base model's.
+    fn validate(&self) -> Result<(), Error> {
+        self.model.validate()?;
+        self.training.validate()?;
+        if let Some(lora) = &self.training.lora {
+            lora.validate(&self.model)?;
+        }
+        if let Some(dir) = &self.base {
+            let base = Pretrained::open(dir)?.config()?;
+            // Attention and loss compute the same function whichever is chosen.
+            let comparable = LmConfig {
+                attention: self.model.attention,
+                loss: self.model.loss,
+                ..base
+            };
+            let changed = differences(&comparable, &self.model);
+            if !changed.is_empty() {
+                return Err(Error::InvalidConfig(format!(
+                    "the model must be the config of {} but for attention and loss ({})",
+                    dir.display(),
+                    listed(&changed)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The model before the first step on `device`, whose RNG is seeded: drawn, then the
+    /// base's weights when `with_base`, then LoRA adapters for a LoRA run.
+    fn initial_model(&self, device: &Device, with_base: bool) -> Result<LanguageModel, Error> {
+        let mut model = self.model.init(device)?;
+        if let (Some(dir), true) = (&self.base, with_base) {
+            model = Pretrained::open(dir)?.load_weights(model, &self.model)?;
+        }
+        Ok(match &self.training.lora {
+            Some(lora) => model.with_lora(lora),
+            None => model,
+        })
+    }
+
+    /// Writes what the run trained: `model.safetensors` (LoRA adapters merged), the adapters
+    /// alone in `adapters.safetensors` for a LoRA run, and a Llama folder `llama/` with the
+    /// base's tokenizer files for a run that started from one. Returns the merged model.
+    fn export(
+        &self,
+        trained: LanguageModel,
+        artifacts: &Artifacts,
+    ) -> Result<LanguageModel, Error> {
+        if self.training.lora.is_some() {
+            save_adapters(&trained, &artifacts.adapters())?;
+        }
+        let model = trained.materialize();
+        save_safetensors(&model, artifacts.weights())?;
+        if let Some(dir) = &self.base
+            && let Pretrained::Llama(base) = Pretrained::open(dir)?
+        {
+            let export = artifacts.llama_export();
+            save_llama(&model, &self.model, &export)?;
+            for file in LLAMA_TOKENIZER_FILES {
+                let source = base.join(file);
+                if source.exists() {
+                    std::fs::copy(&source, export.join(file))
+                        .map_err(|error| Error::io(&source, error))?;
+                }
+            }
+        }
+        Ok(model)
+    }
+}
+
+/// The files beside a Llama checkpoint's weights that tools read its tokenizer from.
+const LLAMA_TOKENIZER_FILES: [&str; 4] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+];
 
 /// `run.json`: everything that shapes a run, written before its first step so that a resume can
 /// refuse any difference.
@@ -192,7 +279,7 @@ pub struct TrainReport {
     pub live_before_bytes: u64,
     /// The epoch a resume started after.
     pub resumed_from: Option<usize>,
-    /// The trained model (on the device, without autodiff).
+    /// The trained model (on the device, without autodiff; LoRA adapters merged).
     pub model: LanguageModel,
 }
 
@@ -241,18 +328,29 @@ impl Artifacts {
         self.checkpoint_folder().join(format!("{kind}-{epoch}.bpk"))
     }
 
-    /// Where the final weights are exported.
+    /// Where the final weights are exported (LoRA adapters merged).
     pub fn weights(&self) -> PathBuf {
         self.dir.join("model.safetensors")
     }
 
-    /// The finished run's model (its config from `run.json`, its weights from
-    /// `model.safetensors`) on `device`, and its tokenizer: for generation or evaluation.
+    /// Where a LoRA run exports its adapters alone ([`crate::lm::load_adapters`] reads them).
+    pub fn adapters(&self) -> PathBuf {
+        self.dir.join("adapters.safetensors")
+    }
+
+    /// Where a run that started from a Llama checkpoint exports the trained model as one
+    /// ([`crate::llama::load_llama`] and transformers read it).
+    pub fn llama_export(&self) -> PathBuf {
+        self.dir.join("llama")
+    }
+
+    /// The model config of the finished run (from `run.json`); its weights are
+    /// [`Self::weights`] and its tokenizer [`Self::tokenizer`]
+    /// ([`Pretrained::Run`](crate::pretrained::Pretrained) loads them).
     ///
     /// # Errors
-    /// When the folder holds no finished run, a file is unreadable, or the tokenizer's
-    /// vocabulary is not the model's.
-    pub fn trained_model(&self, device: &Device) -> Result<(LanguageModel, TextTokenizer), Error> {
+    /// When the folder holds no run, or its run has not exported its model.
+    pub fn trained_config(&self) -> Result<LmConfig, Error> {
         let record_path = self.run_record();
         let record = RunRecord::load(&record_path).map_err(|error| Error::Checkpoint {
             path: record_path.clone(),
@@ -264,18 +362,7 @@ impl Artifacts {
                 reason: "missing: the run exports its model when its last epoch ends".into(),
             });
         }
-        let tokenizer = TextTokenizer::from_file(self.tokenizer())?;
-        let config = record.run.model;
-        if tokenizer.vocab_size() != config.vocab_size {
-            return Err(Error::Tokenizer(format!(
-                "{} holds {} ids, the model's vocabulary {}",
-                self.tokenizer().display(),
-                tokenizer.vocab_size(),
-                config.vocab_size
-            )));
-        }
-        let model = load_safetensors(config.init(device)?, self.weights())?;
-        Ok((model, tokenizer))
+        Ok(record.run.model)
     }
 
     /// The loss of every training step and every epoch's validation loss, over all the
@@ -293,6 +380,7 @@ impl Artifacts {
             self.checkpoint_folder(),
             self.dir.join("train"),
             self.dir.join("valid"),
+            self.llama_export(),
         ] {
             if folder.exists() {
                 std::fs::remove_dir_all(&folder).map_err(|e| Error::io(&folder, e))?;
@@ -302,6 +390,7 @@ impl Artifacts {
             self.run_record(),
             self.tokenizer(),
             self.weights(),
+            self.adapters(),
             self.loss_plot(),
             self.dir.join("experiment.log"),
         ];
@@ -360,7 +449,9 @@ impl Artifacts {
         epoch: usize,
         device: &Device,
     ) -> Result<(), String> {
-        let model = run.model.init(device).map_err(|e| e.to_string())?;
+        let model = run
+            .initial_model(device, false)
+            .map_err(|e| e.to_string())?;
         model
             .try_load_file(self.checkpoint("model", epoch))
             .map_err(|e| format!("model: {e}"))?;
@@ -391,12 +482,12 @@ pub fn train(
     start: &Start,
     quiet: bool,
 ) -> Result<TrainReport, Error> {
+    run.validate()?;
     let RunConfig {
         model: model_config,
         training,
+        ..
     } = run;
-    model_config.validate()?;
-    training.validate()?;
     let scheduler = training.lr_scheduler()?;
     if training.seq_len > model_config.max_seq_len {
         return Err(Error::SequenceTooLong {
@@ -454,8 +545,8 @@ pub fn train(
     let live_before = meter.live_bytes();
     device.seed(training.seed);
     let in_backward = training.optimizer.in_backward();
-    let model = model_config
-        .init(&device.clone().autodiff())?
+    let model = run
+        .initial_model(&device.clone().autodiff(), start_epoch == 0)?
         .with_in_backward(in_backward.clone());
     // Drawn now, in the model's order, rather than at their first read inside the first step,
     // where they would be allocated between its activations.
@@ -543,13 +634,13 @@ pub fn train(
             diverged.epoch, diverged.train_loss, diverged.valid_loss
         )));
     }
-    save_safetensors(&result.model, artifacts.weights())?;
+    let model = run.export(result.model, artifacts)?;
     Ok(TrainReport {
         epochs,
         step_memory,
         live_before_bytes: live_before,
         resumed_from: (start_epoch > 0).then_some(start_epoch),
-        model: result.model,
+        model,
     })
 }
 
@@ -619,6 +710,12 @@ fn resume_point(
         return Err(refuse(format!(
             "was trained with another model config ({})",
             listed(&changed)
+        )));
+    }
+    if record.run.base != run.base {
+        return Err(refuse(format!(
+            "was started from {:?}, not {:?}",
+            record.run.base, run.base
         )));
     }
     let changed = differences(&record.corpus, corpus);
