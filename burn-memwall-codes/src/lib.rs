@@ -7,7 +7,8 @@
 //! - [`ternary`]: an exported ternary weight, 2 bits each, 16 per word;
 //! - [`dropout`]: attention dropout's keep-mask, a pure function of (seed, batch, head, query,
 //!   key) that the backward regenerates;
-//! - [`hash`]: the counter-based hash both draw their random numbers from.
+//! - [`rounding`]: stochastic rounding of f32 values to bf16 or f16;
+//! - [`hash`]: the counter-based hash they draw their random numbers from.
 //!
 //! [`PackedLayout`] names which of the two a packed weight row uses. This crate holds no Burn
 //! types and imports nothing of burn-memwall: the kernels and the ops both read from it.
@@ -16,6 +17,7 @@
 pub mod counter;
 pub mod dropout;
 pub mod hash;
+pub mod rounding;
 pub mod ternary;
 
 use counter::CounterCode;

@@ -9,9 +9,10 @@
 //! products with the weight are [`crate::packed_matmul`]'s.
 
 use burn_memwall_codes::counter::cube::{
-    code_at, counter, counter_states, encode, keyed_uniform, set_code, ternary_plus_one,
+    code_at, counter, counter_states, encode, set_code, ternary_plus_one,
 };
 use burn_memwall_codes::counter::{CODES_PER_GROUP, SCALE_MAX, SCALE_MIN, TARGET_BOUND};
+use burn_memwall_codes::hash::cube::keyed_uniform;
 use cubecl::prelude::*;
 
 /// One update of the rows `row_start ..` of a block from their gradient `[rows, d_input]`:

@@ -10,7 +10,8 @@
 //! - [`counter`]: the counter synapse's fused update (steps 1–5 in one pass);
 //! - [`packed_matmul`]: products with a packed ternary weight, decoded inside the GEMM;
 //! - [`adamw`]: the AdamW update of a parameter and its moments, in place;
-//! - [`momentum`]: the single-moment update (SGD with momentum, Lion), in place.
+//! - [`momentum`]: the single-moment update (SGD with momentum, Lion), in place;
+//! - [`rounding`]: stochastic rounding of f32 values to bf16 or f16.
 
 pub mod adamw;
 pub mod counter;
@@ -18,4 +19,5 @@ pub mod cross_entropy;
 pub mod flash_attention;
 pub mod momentum;
 pub mod packed_matmul;
+pub mod rounding;
 mod softcap;

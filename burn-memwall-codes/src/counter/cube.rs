@@ -5,8 +5,6 @@
 use cubecl::prelude::*;
 
 use super::{CODE_BITS, CODE_MASK};
-use super::{UNIFORM_BITS, UNIFORM_UNIT};
-use crate::hash::cube::pcg_hash;
 
 /// `2C − 1`: codes per value of the ternary ([`crate::counter::CounterCode::counter_states`]).
 #[cube]
@@ -56,11 +54,4 @@ pub fn set_code(codes: &mut Tensor<u32>, base: usize, i: u32, code: u32) {
         let high = 32 - shift;
         codes[word + 1] = (codes[word + 1] & !(CODE_MASK >> high)) | (code >> high);
     }
-}
-
-/// The stochastic rounding's uniform number of `element` under the update's `key`
-/// (the host's `keyed_uniform`; the key is [`crate::counter::rounding_key`], from the host).
-#[cube]
-pub fn keyed_uniform(key: u32, element: u32) -> f32 {
-    f32::cast_from(pcg_hash(element ^ key) >> (32 - UNIFORM_BITS)) * UNIFORM_UNIT
 }

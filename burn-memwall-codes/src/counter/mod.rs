@@ -19,7 +19,7 @@ pub mod cube;
 #[cfg(test)]
 mod tests;
 
-use crate::hash::pcg_hash;
+use crate::hash::{draw_key, keyed_uniform};
 
 /// Codes in one group of [`WORDS_PER_GROUP`] words.
 pub const CODES_PER_GROUP: usize = 16;
@@ -187,24 +187,6 @@ pub fn set_code(words: &mut [u32], i: usize, code: u32) {
     }
 }
 
-/// The stochastic rounding's uniform number of `element` under an update's [`rounding_key`]:
-/// a number in `[0, 1)` from a counter-based hash of `(seed, step, element)`, so the same key
-/// gives the same number on every device and every data-parallel replica, with no state.
-pub(crate) fn keyed_uniform(key: u32, element: u32) -> f32 {
-    (pcg_hash(element ^ key) >> (32 - UNIFORM_BITS)) as f32 * UNIFORM_UNIT
-}
-
-/// The bits of the hash that make a uniform number: all that an f32 holds exactly.
-pub const UNIFORM_BITS: u32 = 24;
-/// The uniform number's resolution, `2^−UNIFORM_BITS`.
-pub const UNIFORM_UNIT: f32 = 1.0 / (1u32 << UNIFORM_BITS) as f32;
-
-/// The part of `keyed_uniform`'s hash that one update (`seed`, `step`) shares across its
-/// elements.
-pub fn rounding_key(seed: u32, step: u32) -> u32 {
-    pcg_hash(step ^ pcg_hash(seed))
-}
-
 /// The hyper-parameters of the counter update.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CounterHyper {
@@ -347,7 +329,7 @@ pub fn update_row(
     let n_in = gradient.len();
     let ternaries = row_codes(words, n_in).map(|k| code.ternary(k));
     let stats = row_step(hyper, step, gradient, ternaries, mean_square, scale);
-    let key = rounding_key(hyper.seed, step);
+    let key = draw_key(hyper.seed, step);
     // The element index, `row · n_in + i`, wraps at 2³² as the kernel's does.
     let first = (row * n_in) as u32;
     // A group of 16 codes at a time, read from and written to its 3 words once.

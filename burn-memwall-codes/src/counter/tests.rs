@@ -7,7 +7,7 @@ use super::*;
 
 /// The rounding's uniform number of `element` at `step` under `seed`.
 fn uniform(seed: u32, step: u32, element: u32) -> f32 {
-    keyed_uniform(rounding_key(seed, step), element)
+    crate::hash::keyed_uniform(crate::hash::draw_key(seed, step), element)
 }
 
 #[test]

@@ -7,7 +7,8 @@
 //! - [`packed_matmul`]: products with a weight whose ternaries stay packed (the methods of
 //!   [`crate::nn::PackedWeight`]);
 //! - [`counter_linear`]: the counter synapse's in-place update of a block of rows;
-//! - [`ternary_linear`]: BitNet b1.58's ternary linear, trained straight through.
+//! - [`ternary_linear`]: BitNet b1.58's ternary linear, trained straight through;
+//! - [`stochastic_rounding`]: f32 values to bf16 or f16 without bias.
 //!
 //! Each item has one path. The types a layer takes or returns too ([`crate::nn::Reduction`],
 //! [`crate::nn::GradientPass`], [`crate::nn::PackedWeight`], [`crate::nn::PackedTernary`],
@@ -27,4 +28,5 @@ pub mod fused_linear_cross_entropy;
 pub(crate) mod handwritten_backward;
 pub(crate) mod momentum_update;
 pub mod packed_matmul;
+pub mod stochastic_rounding;
 pub mod ternary_linear;

@@ -5,15 +5,22 @@
 //!   [`InBackwardTraining`] keeps that gain through burn-train's `Learner`.
 //! - [`FusedAdamW`], [`FusedSgd`] (with momentum), [`FusedLion`]: Burn's AdamW, SGD and Lion
 //!   with each per-parameter step fused into one in-place pass.
+//! - [`MasterWeights`], [`StochasticRounding`]: any of them for weights stored in bf16 or f16,
+//!   with an f32 master copy or with stochastic rounding and no copy.
 
 mod fused_adamw;
 mod fused_lion;
 mod fused_sgd;
+mod half_precision;
 mod in_backward;
 
 pub use fused_adamw::{FusedAdamW, FusedAdamWConfig};
 pub use fused_lion::{FusedLion, FusedLionConfig};
 pub use fused_sgd::{FusedSgd, FusedSgdConfig, FusedSgdState};
+pub use half_precision::{
+    HalfPrecisionUpdate, MasterWeights, MasterWeightsState, StochasticRounding,
+    StochasticRoundingState,
+};
 pub(crate) use in_backward::{ExternalUse, param_value};
 pub use in_backward::{
     InBackward, InBackwardError, InBackwardTraining, StepCounts, StepMemory, train_step,

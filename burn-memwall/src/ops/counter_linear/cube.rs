@@ -9,7 +9,8 @@ use burn_memwall_kernels::counter::counter_update_kernel;
 
 use super::{CounterLinearBackend, CounterStep, RowBlock};
 use crate::ops::cube::writable;
-use burn_memwall_codes::counter::{STATISTIC_LANES, bias_correction, rounding_key, words_per_row};
+use burn_memwall_codes::counter::{STATISTIC_LANES, bias_correction, words_per_row};
+use burn_memwall_codes::hash::draw_key;
 
 impl CounterLinearBackend for CubeBackend {
     fn counter_update(
@@ -40,7 +41,7 @@ impl CounterLinearBackend for CubeBackend {
             hyper.beta,
             bias_correction(hyper.beta, step.step),
             hyper.epsilon,
-            rounding_key(hyper.seed, step.step),
+            draw_key(hyper.seed, step.step),
             STATISTIC_LANES,
         );
         (codes, scale, mean_square)
