@@ -19,7 +19,7 @@ use burn_memwall::memory::budget::DeviceMemory;
 use burn_memwall::memory::{CountingAllocator, human_bytes};
 use burn_memwall_models::data::{TextTokenizer, load_text};
 use burn_memwall_models::lm::{LmConfig, StepShape, human_count, step_budget};
-use burn_memwall_models::training::{every_stack, find_stack, measure_training_steps};
+use burn_memwall_models::training::{Precision, every_stack, find_stack, measure_training_steps};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -254,7 +254,15 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
         .map(<[u32]>::to_vec)
         .collect();
     let measured = measure_training_steps(
-        &config, optimizer, &windows, args.batch, args.steps, args.lr, args.seed, &device,
+        &config,
+        optimizer,
+        Precision::F32,
+        &windows,
+        args.batch,
+        args.steps,
+        args.lr,
+        args.seed,
+        &device,
     )?;
     let pools = measured.pools;
     let shape = StepShape::f32(args.batch, args.seq);

@@ -18,6 +18,7 @@ use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::budget::DeviceMemory;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes, parse_bytes};
+use burn_memwall::optim::HalfPrecisionUpdate;
 use burn_memwall_models::data::{Corpus, TextTokenizer, load_text, split_text};
 use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LinearKind, LmConfig, LoraConfig, LossKind, PRESETS, StepShape,
@@ -25,8 +26,8 @@ use burn_memwall_models::lm::{
 };
 use burn_memwall_models::pretrained::Pretrained;
 use burn_memwall_models::training::{
-    Artifacts, LossCurve, NamedSwitches, Plan, RunConfig, Start, Switches, TrainingConfig,
-    find_stack, train,
+    Artifacts, LossCurve, NamedSwitches, Plan, Precision, RunConfig, Start, Switches,
+    TrainingConfig, find_stack, train,
 };
 use clap::{Parser, ValueEnum};
 
@@ -81,6 +82,33 @@ enum LossArg {
     Fused,
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum PrecisionArg {
+    F32,
+    Bf16,
+    F16,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum HalfUpdateArg {
+    Masters,
+    StochasticRounding,
+}
+
+impl Args {
+    fn precision(&self) -> Precision {
+        let update = match self.half_update {
+            HalfUpdateArg::Masters => HalfPrecisionUpdate::Masters,
+            HalfUpdateArg::StochasticRounding => HalfPrecisionUpdate::StochasticRounding,
+        };
+        match self.precision {
+            PrecisionArg::F32 => Precision::F32,
+            PrecisionArg::Bf16 => Precision::Bf16(update),
+            PrecisionArg::F16 => Precision::F16(update),
+        }
+    }
+}
+
 #[derive(Parser, Debug)]
 #[command(about = "Train the burn-memwall reference LM through Burn's Learner")]
 struct Args {
@@ -127,6 +155,14 @@ struct Args {
     /// auto, flex, wgpu, vulkan, metal, webgpu, cuda, rocm or cpu.
     #[arg(long, env = "BURN_DEVICE", default_value = "auto")]
     device: String,
+    /// The float type of the weights and activations: f32, or bf16 (half the bytes; the
+    /// optimizer steps in f32, its state in f32). f16 is refused: it needs loss scaling.
+    #[arg(long, value_enum, default_value = "f32", conflicts_with = "fit")]
+    precision: PrecisionArg,
+    /// How bf16 weights take their updates: an f32 master copy of each (4 more bytes per
+    /// weight), or stochastic rounding of the weight itself (no copy).
+    #[arg(long, value_enum, default_value = "masters")]
+    half_update: HalfUpdateArg,
     /// UTF-8 text to train on (default: the corpus embedded in the binary).
     #[arg(long)]
     data: Option<PathBuf>,
@@ -199,8 +235,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         return list_models();
     }
     let choice = DeviceChoice::from_arg_or_env(Some(&args.device))?;
+    let precision = args.precision();
     // SAFETY: only the arguments have been read; no thread has started.
-    let device = unsafe { choice.start_as_default() }?;
+    let device = unsafe { choice.start_as_default_in(precision.dtype()) }?;
     let text = load_text(args.data.as_deref())?;
     let artifacts = Artifacts::new(&args.artifacts);
     if args.vocab.is_some()
@@ -294,6 +331,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .with_final_learning_rate(args.final_lr)
         .with_optimizer(optimizer)
         .with_seed(args.seed)
+        .with_precision(precision)
         .with_lora(lora.clone());
     println!(
         "model {} ({} parameters, vocab {}), {} + {} tokens (training + validation), device {}",
@@ -305,8 +343,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         describe(&device)
     );
     println!(
-        "stack {}: attention {:?}, loss {:?}, blocks {:?}, linears {:?}, optimizer {:?}",
-        stack.name, model.attention, model.loss, model.blocks, model.linear, optimizer
+        "stack {}: attention {:?}, loss {:?}, blocks {:?}, linears {:?}, optimizer {:?}, {:?}",
+        stack.name, model.attention, model.loss, model.blocks, model.linear, optimizer, precision
     );
     if let Some(base) = &base {
         println!("starting from {}", base.dir().display());

@@ -12,7 +12,7 @@ use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, PRESETS, StepShape, parameter_census,
     saved_activations,
 };
-use burn_memwall_models::training::{Plan, StepOptimizer, measure_training_steps};
+use burn_memwall_models::training::{Plan, Precision, StepOptimizer, measure_training_steps};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -82,11 +82,20 @@ fn the_step_peak_is_predicted_for_every_stack() {
             for candidate in &plan.candidates {
                 let mut config = base.clone();
                 let optimizer = candidate.stack.switches.apply(&mut config);
-                let measured =
-                    measure_training_steps(&config, optimizer, &windows, 2, 2, 1e-3, 7, &device)
-                        .unwrap()
-                        .pools
-                        .peak;
+                let measured = measure_training_steps(
+                    &config,
+                    optimizer,
+                    Precision::F32,
+                    &windows,
+                    2,
+                    2,
+                    1e-3,
+                    7,
+                    &device,
+                )
+                .unwrap()
+                .pools
+                .peak;
                 let label = format!(
                     "{model} seq {seq} {} (peak at {})",
                     candidate.stack.name,
@@ -139,7 +148,15 @@ fn the_saved_activations_are_predicted_for_every_stack() {
                                     .map(Term::bytes)
                                     .sum();
                             let measured = measure_training_steps(
-                                &config, optimizer, &windows, 2, 2, 1e-3, 7, &device,
+                                &config,
+                                optimizer,
+                                Precision::F32,
+                                &windows,
+                                2,
+                                2,
+                                1e-3,
+                                7,
+                                &device,
                             )
                             .unwrap()
                             .saved_activations;
@@ -373,6 +390,7 @@ mod cube_pools {
         let measured = measure_training_steps(
             &config,
             optimizer,
+            Precision::F32,
             &windows(seq),
             2,
             STEADY_STEPS,

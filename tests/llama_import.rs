@@ -8,7 +8,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use burn::module::{Module, ModuleMapper, Param};
 use burn::prelude::*;
+use burn::store::ModuleSnapshot;
+use burn::tensor::FloatDType;
 use burn_memwall_models::llama::{llama_config, load_llama, save_llama};
 use burn_memwall_models::lm::{BlockKind, LanguageModel, LinearKind, MlpKind};
 use serde::Deserialize;
@@ -216,6 +219,57 @@ fn an_imported_checkpoint_exports_bit_exactly() {
         );
         assert_eq!(llama_config(exported.path()).unwrap(), config, "{name}");
     }
+}
+
+/// Checkpoints are usually stored in bf16: one loads into a model that computes in f32 as its
+/// weights widened exactly, and the export says its type.
+#[test]
+fn a_bf16_checkpoint_loads_into_an_f32_model() {
+    struct Cast(FloatDType);
+    impl ModuleMapper for Cast {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            Param::initialized(param.id, param.val().cast(self.0))
+        }
+    }
+    let device = Device::flex();
+    let config = llama_config(&fixture("gqa")).unwrap();
+    let model = load_llama(&fixture("gqa"), &device).unwrap();
+    let bf16 = tempfile::tempdir().unwrap();
+    save_llama(
+        &model.clone().map(&mut Cast(FloatDType::BF16)),
+        &config,
+        bf16.path(),
+    )
+    .unwrap();
+    let written = std::fs::read_to_string(bf16.path().join("config.json")).unwrap();
+    assert!(
+        written.contains("\"torch_dtype\": \"bfloat16\""),
+        "{written}"
+    );
+    let loaded = load_llama(bf16.path(), &device).unwrap();
+    let rounded = model
+        .map(&mut Cast(FloatDType::BF16))
+        .map(&mut Cast(FloatDType::F32));
+    let data = |model: &LanguageModel| {
+        model
+            .collect(None, None, false)
+            .into_iter()
+            .map(|t| (t.name.clone(), t.dtype, t.to_bytes().unwrap().to_vec()))
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        data(&loaded) == data(&rounded),
+        "the weights, widened to f32"
+    );
+    let prompt = ids(&[1, 5, 9, 2], &device);
+    // The same weights, held in other layouts: Flex may sum the products in another order.
+    common::assert_close(
+        "logits",
+        &"bf16 checkpoint",
+        1e-5,
+        loaded.forward(prompt.clone()).into_data(),
+        rounded.forward(prompt).into_data(),
+    );
 }
 
 #[test]

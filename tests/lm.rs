@@ -322,7 +322,7 @@ fn a_sequence_longer_than_the_context_is_refused_by_name() {
 #[test]
 fn every_coded_matrix_takes_one_update_per_step() {
     use burn_memwall::optim::train_step;
-    use burn_memwall_models::training::find_stack;
+    use burn_memwall_models::training::{Precision, find_stack};
     /// The step count of every coded matrix (its only one-element integer buffer).
     struct Steps(Vec<i64>);
     impl ModuleVisitor for Steps {
@@ -341,7 +341,7 @@ fn every_coded_matrix_takes_one_update_per_step() {
             .init(&device)
             .unwrap()
             .with_in_backward(optimizer.in_backward());
-        let mut steps_of = optimizer.init(0.0);
+        let mut steps_of = optimizer.init(0.0, Precision::F32, 0);
         for _ in 0..3 {
             let tokens = random_tokens(2, 9, config.vocab_size, &device);
             let inputs = tokens.clone().slice([0..2, 0..8]);

@@ -6,7 +6,7 @@ use burn::prelude::*;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, PoolBreakdown};
 use burn_memwall_models::data::{DEFAULT_CORPUS, TextTokenizer};
 use burn_memwall_models::lm::LmConfig;
-use burn_memwall_models::training::{StepOptimizer, measure_training_steps};
+use burn_memwall_models::training::{Precision, StepOptimizer, measure_training_steps};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -62,6 +62,7 @@ fn a_baseline_step_holds_its_logits_and_scales_with_the_batch() {
         measure_training_steps(
             &config,
             StepOptimizer::AdamW,
+            Precision::F32,
             &windows,
             batch,
             3,
@@ -115,6 +116,7 @@ fn the_reversible_model_saves_the_same_activations_at_any_depth() {
         measure_training_steps(
             &config,
             StepOptimizer::AdamW,
+            Precision::F32,
             &windows,
             4,
             3,

@@ -9,7 +9,8 @@ use burn_memwall_models::data::{Corpus, DEFAULT_CORPUS, TextTokenizer};
 use burn_memwall_models::lm::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind};
 use burn_memwall_models::pretrained::Pretrained;
 use burn_memwall_models::training::{
-    Artifacts, RunConfig, Stack, Start, StepOptimizer, TrainReport, TrainingConfig, train,
+    Artifacts, Precision, RunConfig, Stack, Start, StepOptimizer, TrainReport, TrainingConfig,
+    train,
 };
 
 fn model_config() -> LmConfig {
@@ -852,7 +853,7 @@ fn launch_in_backward_training(
             .batch_size(8)
             .build(dataset)
     };
-    let optimizer = StepOptimizer::InBackwardFusedAdamW.init(0.0);
+    let optimizer = StepOptimizer::InBackwardFusedAdamW.init(0.0, Precision::F32, 0);
     let strategy = InBackwardTraining::new(device.clone(), optimizer.clone(), 1e-2);
     let dir = common::temp_dir();
     let builder = SupervisedTraining::new(dir.path(), loader(train), loader(valid))

@@ -2,7 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use burn::module::Module;
+use burn::module::{Module, ModuleMapper, Param};
+use burn::prelude::*;
 use burn::store::{ModuleSnapshot, SafetensorsStore};
 
 use crate::Error;
@@ -93,5 +94,27 @@ pub fn load_safetensors<M: Module>(module: M, path: impl AsRef<Path>) -> Result<
             result.errors, result.missing, result.unused
         )));
     }
-    Ok(module)
+    Ok(in_device_precision(module))
+}
+
+/// `module` with every float parameter in its device's default float type. A loaded parameter
+/// keeps the type its file stored (a bf16 checkpoint gives bf16 tensors), and Burn's ops do not
+/// mix float types: a model trained or served in another precision than its file's is cast
+/// once, here.
+pub(crate) fn in_device_precision<M: Module>(module: M) -> M {
+    struct ToDevicePrecision;
+    impl ModuleMapper for ToDevicePrecision {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let value = param.val();
+            let dtype = value.device().settings().float_dtype;
+            if value.dtype() == dtype.into() {
+                return param;
+            }
+            let trains = value.is_require_grad();
+            // Cast outside autodiff: the cast weight is a new leaf, not a node of the old one.
+            let cast = Tensor::from_inner(value.inner().cast(dtype));
+            Param::initialized(param.id, cast.set_require_grad(trains))
+        }
+    }
+    module.map(&mut ToDevicePrecision)
 }

@@ -14,10 +14,11 @@ use std::path::{Path, PathBuf};
 use burn::module::{Module, ModuleMapper, Param};
 use burn::prelude::*;
 use burn::store::{BurnToPyTorchAdapter, ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
+use burn::tensor::DType;
 use serde::Deserialize;
 
 use crate::Error;
-use crate::checkpoint::{save_safetensors_with, write_atomically};
+use crate::checkpoint::{in_device_precision, save_safetensors_with, write_atomically};
 use crate::lm::{BlockKind, LanguageModel, LinearKind, LmConfig, MlpKind};
 
 /// The fields of a Llama `config.json` that shape the model. Fields that would change the
@@ -199,7 +200,7 @@ pub(crate) fn load_llama_weights(
             ),
         });
     }
-    Ok(model.map(&mut RotaryPairs::new(config.d_head(), true)))
+    Ok(in_device_precision(model).map(&mut RotaryPairs::new(config.d_head(), true)))
 }
 
 /// Writes `model` of `config` into `dir` as a Hugging Face Llama checkpoint (`config.json`,
@@ -240,7 +241,7 @@ pub fn save_llama(model: &LanguageModel, config: &LmConfig, dir: &Path) -> Resul
         "attention_bias": false,
         "mlp_bias": false,
         "tie_word_embeddings": config.tie_embeddings,
-        "torch_dtype": "float32",
+        "torch_dtype": torch_dtype(model)?,
     });
     let config_path = dir.join("config.json");
     write_atomically(&config_path, format!("{llama:#}\n").as_bytes())?;
@@ -252,6 +253,22 @@ pub fn save_llama(model: &LanguageModel, config: &LmConfig, dir: &Path) -> Resul
             .with_to_adapter(BurnToPyTorchAdapter)
             .skip_enum_variants(true)
     })
+}
+
+/// transformers' name of the float type `model`'s weights are stored in.
+fn torch_dtype(model: &LanguageModel) -> Result<&'static str, Error> {
+    let dtype = model
+        .collect(None, None, false)
+        .first()
+        .map(|weight| weight.dtype);
+    match dtype {
+        Some(DType::F32) => Ok("float32"),
+        Some(DType::BF16) => Ok("bfloat16"),
+        Some(DType::F16) => Ok("float16"),
+        other => Err(Error::InvalidConfig(format!(
+            "a Llama checkpoint's weights are f32, bf16 or f16, not {other:?}"
+        ))),
+    }
 }
 
 /// The weights files: the shards the index names, or the one `model.safetensors`.

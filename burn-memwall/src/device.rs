@@ -4,6 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use burn::prelude::*;
+use burn::tensor::FloatDType;
 
 /// A backend a program can run on; which ones exist depends on the cargo features compiled in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +43,16 @@ pub enum DeviceError {
         "device `{0}` is compiled in but could not start on this machine (no adapter or driver found)"
     )]
     Unavailable(DeviceChoice),
+    /// The device cannot compute in the float type asked for, or already computes in another.
+    #[error("device `{device}` cannot compute in {dtype:?}: {reason}")]
+    Precision {
+        /// The device asked for.
+        device: DeviceChoice,
+        /// The float type asked for.
+        dtype: FloatDType,
+        /// Why not.
+        reason: String,
+    },
 }
 
 impl DeviceChoice {
@@ -83,7 +94,15 @@ impl DeviceChoice {
     /// Starts the device, checking that it really runs a tensor op (so a missing GPU driver is
     /// an error here, not a panic in the middle of training).
     pub fn device(self) -> Result<Device, DeviceError> {
-        self.start_first(|_| {})
+        self.device_in(FloatDType::F32)
+    }
+
+    /// [`Self::device`] with `dtype` as its default float type: every float tensor made without
+    /// one (a model's parameters, its activations) is of this type. Burn sets it once per
+    /// device and process, before the first tensor: a device already in another type is
+    /// refused. `Auto` passes over the devices that lack the type.
+    pub fn device_in(self, dtype: FloatDType) -> Result<Device, DeviceError> {
+        self.start_first(dtype, |_| {})
     }
 
     /// [`Self::device`], made Burn's default device for the rest of the process as well.
@@ -101,31 +120,63 @@ impl DeviceChoice {
     /// a candidate that fails to start may leave threads behind before the next is set.)
     pub unsafe fn start_as_default(self) -> Result<Device, DeviceError> {
         // SAFETY: the caller's contract.
-        self.start_first(|choice| unsafe { std::env::set_var("BURN_DEVICE", choice.to_string()) })
+        unsafe { self.start_as_default_in(FloatDType::F32) }
     }
 
-    /// Starts this device, or for `Auto` the first compiled one that starts, calling `before`
-    /// with each candidate just before trying it.
-    fn start_first(self, mut before: impl FnMut(Self)) -> Result<Device, DeviceError> {
+    /// [`Self::start_as_default`] with `dtype` as the default float type, as
+    /// [`Self::device_in`].
+    ///
+    /// # Safety
+    /// As [`Self::start_as_default`].
+    pub unsafe fn start_as_default_in(self, dtype: FloatDType) -> Result<Device, DeviceError> {
+        // SAFETY: the caller's contract.
+        self.start_first(dtype, |choice| unsafe {
+            std::env::set_var("BURN_DEVICE", choice.to_string())
+        })
+    }
+
+    /// Starts this device, or for `Auto` the first compiled one that starts in `dtype`, calling
+    /// `before` with each candidate just before trying it.
+    fn start_first(
+        self,
+        dtype: FloatDType,
+        mut before: impl FnMut(Self),
+    ) -> Result<Device, DeviceError> {
         if self != Self::Auto {
             before(self);
-            return self.start();
+            return self.start(dtype);
         }
         Self::compiled()
             .into_iter()
             .find_map(|choice| {
                 before(choice);
                 choice
-                    .start()
+                    .start(dtype)
                     .ok()
                     .filter(|device| !is_software_adapter(device))
             })
             .ok_or(DeviceError::Unavailable(Self::Flex))
     }
 
-    /// Constructs this (concrete) device and checks that it runs an op.
-    fn start(self) -> Result<Device, DeviceError> {
-        let device = self.construct().ok_or(DeviceError::NotCompiled(self))?;
+    /// Constructs this (concrete) device in `dtype` and checks that it runs an op.
+    fn start(self, dtype: FloatDType) -> Result<Device, DeviceError> {
+        let mut device = self.construct().ok_or(DeviceError::NotCompiled(self))?;
+        let refuse = |reason: String| DeviceError::Precision {
+            device: self,
+            dtype,
+            reason,
+        };
+        let current = device.settings().float_dtype;
+        if current != dtype {
+            if !device.supports_dtype(dtype) {
+                return Err(refuse("not supported by this device".into()));
+            }
+            device.configure(dtype).map_err(|error| {
+                refuse(format!(
+                    "it already computes in {current:?} in this process ({error})"
+                ))
+            })?;
+        }
         if runs_an_op(&device) {
             Ok(device)
         } else {
@@ -186,6 +237,7 @@ fn runs_an_op(device: &Device) -> bool {
     let previous_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let ok = std::panic::catch_unwind(|| {
+        // Exact in every float type.
         let sum = Tensor::<1>::ones([4], device).sum().into_scalar::<f32>();
         sum == 4.0
     })

@@ -11,7 +11,7 @@ use burn::store::{ModuleSnapshot, PathFilter, SafetensorsStore};
 use super::config::BlockWeight;
 use super::{LanguageModel, LinearKind, LmConfig};
 use crate::Error;
-use crate::checkpoint::save_safetensors_with;
+use crate::checkpoint::{in_device_precision, save_safetensors_with};
 
 /// Where Burn's traversal puts an adapter's factors: `<weight's path>.lora.{a,b}`.
 const FACTOR_PATHS: &str = r"\.lora\.(a|b)$";
@@ -129,7 +129,7 @@ pub fn load_adapters(model: LanguageModel, path: &Path) -> Result<LanguageModel,
             result.errors, result.unused
         )));
     }
-    Ok(model)
+    Ok(in_device_precision(model))
 }
 
 /// The paths of `model`'s LoRA factors.

@@ -14,7 +14,7 @@ use crate::Error;
 use crate::data::LmBatcher;
 use crate::lm::{LanguageModel, LmConfig};
 
-use super::StepOptimizer;
+use super::{Precision, StepOptimizer};
 
 /// AdamW's weight decay in the measured steps (it changes no pool).
 const WEIGHT_DECAY: f32 = 0.01;
@@ -38,7 +38,8 @@ pub struct StepMeasurement {
 }
 
 /// Trains `steps` steps of `config` with `optimizer` on consecutive batches of `windows` and
-/// measures each step.
+/// measures each step, the model in the device's float type (`precision` says how half-precision
+/// weights take their updates).
 ///
 /// The peak counts everything allocated after the call starts; on Cube devices pool peaks cannot
 /// be reset, so run one measurement per process there.
@@ -46,6 +47,7 @@ pub struct StepMeasurement {
 pub fn measure_training_steps(
     config: &LmConfig,
     optimizer: StepOptimizer,
+    precision: Precision,
     windows: &[Vec<u32>],
     batch_size: usize,
     steps: usize,
@@ -73,7 +75,14 @@ pub fn measure_training_steps(
         )));
     }
     let train_device = device.clone().autodiff();
-    warm_up_runtime(config, optimizer, windows, batch_size, &train_device)?;
+    warm_up_runtime(
+        config,
+        optimizer,
+        precision,
+        windows,
+        batch_size,
+        &train_device,
+    )?;
     let meter = MemoryMeter::new(device);
     let start_bytes = meter.live_bytes();
     device.seed(seed);
@@ -83,7 +92,7 @@ pub fn measure_training_steps(
     let sizes = initialize_parameters(&model);
     // Gradients of the trained parameters: all at once after backward, or one at a time in it.
     let gradient_bytes = optimizer.plan().gradients(&sizes).bytes();
-    let mut optimizer = optimizer.init(WEIGHT_DECAY);
+    let mut optimizer = optimizer.init(WEIGHT_DECAY, precision, seed);
     let parameter_bytes = sizes.bytes();
 
     let (mut peak, mut saved_activations) = (0u64, 0u64);
@@ -132,6 +141,7 @@ pub fn measure_training_steps(
 fn warm_up_runtime(
     config: &LmConfig,
     optimizer: StepOptimizer,
+    precision: Precision,
     windows: &[Vec<u32>],
     batch_size: usize,
     device: &Device,
@@ -141,7 +151,12 @@ fn warm_up_runtime(
         .init(device)?
         .with_in_backward(optimizer.in_backward());
     let loss = model.loss(batch.inputs, batch.targets);
-    update(model, &mut optimizer.init(WEIGHT_DECAY), loss, 1e-3);
+    update(
+        model,
+        &mut optimizer.init(WEIGHT_DECAY, precision, 0),
+        loss,
+        1e-3,
+    );
     if device.memory_pool_usage().is_none() {
         warm_every_matmul_thread(device);
     }

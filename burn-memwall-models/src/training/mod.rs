@@ -26,7 +26,7 @@ use burn_memwall::optim::{InBackwardTraining, StepMemory};
 pub use curve::LossCurve;
 pub use loader::EpochLoader;
 pub use measure::{StepMeasurement, measure_training_steps};
-pub use optimizer::StepOptimizer;
+pub use optimizer::{Precision, StepOptimizer};
 pub use plan::{Candidate, Plan};
 pub use progress::{EpochRecord, ProgressLog, ProgressRenderer};
 pub use stack::{NamedSwitches, PARTS, Stack, Switches, every_stack, find_stack};
@@ -79,6 +79,10 @@ pub struct TrainingConfig {
     /// Seeds the weights and the data order.
     #[config(default = 42)]
     pub seed: u64,
+    /// The float type of the weights and activations (the device's default float type, set
+    /// when it starts), and how half-precision weights take their updates.
+    #[config(default = "Precision::F32")]
+    pub precision: Precision,
     /// Train LoRA adapters on the blocks' linears, everything else frozen (with a
     /// [`RunConfig::base`] to fine-tune, usually).
     pub lora: Option<LoraConfig>,
@@ -119,6 +123,13 @@ impl TrainingConfig {
                 "the weight decay must be finite and not negative, got {}",
                 self.weight_decay
             ));
+        }
+        if let Precision::F16(_) = self.precision {
+            return fail(
+                "training in f16 needs loss scaling, which burn-memwall does not have yet: \
+                 train in bf16 (it has f32's range)"
+                    .into(),
+            );
         }
         for (name, value) in [
             ("sequence length", Some(self.seq_len)),
@@ -541,6 +552,14 @@ pub fn train(
         )));
     }
 
+    let device_dtype = device.settings().float_dtype;
+    if device_dtype != training.precision.dtype() {
+        return Err(Error::Training(format!(
+            "the run trains in {:?}, the device computes in {device_dtype:?}: start it in the \
+             run's (DeviceChoice::start_as_default_in)",
+            training.precision.dtype()
+        )));
+    }
     let meter = MemoryMeter::new(device);
     let live_before = meter.live_bytes();
     device.seed(training.seed);
@@ -580,7 +599,10 @@ pub fn train(
     let (renderer, progress) = ProgressRenderer::new(training.seq_len, quiet);
     let renderer =
         renderer.stopping_on_divergence(interrupter.clone(), start_epoch * steps_per_epoch);
-    let optimizer = training.optimizer.init(training.weight_decay);
+    let optimizer =
+        training
+            .optimizer
+            .init(training.weight_decay, training.precision, training.seed);
     // burn-train's own loop keeps a second handle on the model while it optimizes, which
     // would hold every old weight beside its in-backward update.
     let mut strategy =

@@ -1,9 +1,42 @@
 //! Which optimizer trains the model, and whether it steps during backward.
 
-use burn::optim::{AdamWConfig, ModuleOptimizer, SgdConfig};
+use burn::optim::{AdamWConfig, ModuleOptimizer, Optimizer, SgdConfig};
+use burn::tensor::FloatDType;
 use burn_memwall::memory::budget::{OptimizerPlan, UpdateTiming};
-use burn_memwall::optim::{FusedAdamWConfig, FusedSgdConfig, InBackward};
+use burn_memwall::optim::{
+    FusedAdamWConfig, FusedSgdConfig, HalfPrecisionUpdate, InBackward, MasterWeights,
+    StochasticRounding,
+};
 use serde::{Deserialize, Serialize};
+
+/// The float type the model is stored and computed in (the device's default float type), and
+/// for bf16 and f16 how the weights take their updates. The optimizer steps in f32 in every
+/// case, its state in f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Precision {
+    F32,
+    Bf16(HalfPrecisionUpdate),
+    F16(HalfPrecisionUpdate),
+}
+
+impl Precision {
+    /// The float type.
+    pub fn dtype(self) -> FloatDType {
+        match self {
+            Self::F32 => FloatDType::F32,
+            Self::Bf16(_) => FloatDType::BF16,
+            Self::F16(_) => FloatDType::F16,
+        }
+    }
+
+    /// How half-precision weights take their updates; `None` in f32.
+    pub fn half_update(self) -> Option<HalfPrecisionUpdate> {
+        match self {
+            Self::F32 => None,
+            Self::Bf16(update) | Self::F16(update) => Some(update),
+        }
+    }
+}
 
 /// Which optimizer updates the model, and when.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,17 +56,24 @@ pub enum StepOptimizer {
 }
 
 impl StepOptimizer {
-    /// The optimizer, with AdamW's decoupled `weight_decay` (SGD takes none).
-    pub fn init(self, weight_decay: f32) -> ModuleOptimizer {
+    /// The optimizer, with AdamW's decoupled `weight_decay` (SGD takes none), for weights in
+    /// `precision` (stochastic roundings drawn under `seed`).
+    pub fn init(self, weight_decay: f32, precision: Precision, seed: u64) -> ModuleOptimizer {
         match self {
-            Self::AdamW | Self::InBackwardAdamW => {
-                AdamWConfig::new().with_weight_decay(weight_decay).init()
-            }
-            Self::InBackwardFusedAdamW => FusedAdamWConfig::new()
-                .with_weight_decay(weight_decay)
-                .init(),
-            Self::InBackwardSgd => SgdConfig::new().init(),
-            Self::InBackwardFusedSgd => FusedSgdConfig::new().init(),
+            Self::AdamW | Self::InBackwardAdamW => precise(
+                AdamWConfig::new().with_weight_decay(weight_decay).build(),
+                precision,
+                seed,
+            ),
+            Self::InBackwardFusedAdamW => precise(
+                FusedAdamWConfig::new()
+                    .with_weight_decay(weight_decay)
+                    .build(),
+                precision,
+                seed,
+            ),
+            Self::InBackwardSgd => precise(SgdConfig::new().build(), precision, seed),
+            Self::InBackwardFusedSgd => precise(FusedSgdConfig::new().build(), precision, seed),
         }
     }
 
@@ -63,5 +103,16 @@ impl StepOptimizer {
     /// The handle that routes the model's parameters, for the optimizers that step in backward.
     pub fn in_backward(self) -> Option<InBackward> {
         (self != Self::AdamW).then(InBackward::new)
+    }
+}
+
+/// `optimizer` for weights in `precision`: itself in f32, decorated for half precision.
+fn precise<O: Optimizer>(optimizer: O, precision: Precision, seed: u64) -> ModuleOptimizer {
+    match precision.half_update() {
+        None => optimizer.into(),
+        Some(HalfPrecisionUpdate::Masters) => MasterWeights::new(optimizer).into(),
+        Some(HalfPrecisionUpdate::StochasticRounding) => {
+            StochasticRounding::new(optimizer, seed as u32).into()
+        }
     }
 }
