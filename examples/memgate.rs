@@ -18,8 +18,10 @@ use burn_memwall::device::describe;
 use burn_memwall::memory::budget::DeviceMemory;
 use burn_memwall::memory::{CountingAllocator, human_bytes};
 use burn_memwall_models::data::{TextTokenizer, load_text};
-use burn_memwall_models::lm::{LmConfig, StepShape, human_count, step_budget};
-use burn_memwall_models::training::{Precision, every_stack, find_stack, measure_training_steps};
+use burn_memwall_models::lm::{LmConfig, LoraConfig, StepShape, human_count, step_budget};
+use burn_memwall_models::training::{
+    Precision, RunConfig, TrainingConfig, every_stack, find_stack, measure_training_steps,
+};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -58,6 +60,16 @@ struct Args {
     /// gives the head its own weight).
     #[arg(long)]
     tie_embeddings: Option<bool>,
+    /// The float type of the weights and activations: f32 or bf16 (as `train --precision`).
+    #[arg(long, default_value = "f32")]
+    precision: String,
+    /// How bf16 weights take their updates: masters or stochastic-rounding.
+    #[arg(long, default_value = "masters")]
+    half_update: String,
+    /// Train LoRA adapters of this rank (alpha 2 × rank) on the blocks' linears, everything
+    /// else frozen.
+    #[arg(long)]
+    lora: Option<usize>,
     /// Stacks to run (default: all).
     #[arg(long, value_delimiter = ',')]
     stacks: Vec<String>,
@@ -81,6 +93,10 @@ struct Row {
     seq: usize,
     batch: usize,
     steps: usize,
+    /// `F32`, or bf16 with its update of the weights.
+    precision: String,
+    /// The rank of the LoRA adapters, when only they train.
+    lora_rank: Option<usize>,
     peak_bytes: u64,
     persistent_bytes: u64,
     parameter_bytes: u64,
@@ -227,13 +243,18 @@ fn print_table(rows: &[Row], unfit: &[Unfit]) {
         println!("{:<24} does not fit: {}", u.stack, u.reason);
     }
     if let Some(r) = rows.first() {
+        let lora = match r.lora_rank {
+            Some(rank) => format!(", LoRA rank {rank}"),
+            None => String::new(),
+        };
         println!(
-            "model {} ({} parameters), seq {}, batch {}, {} steps",
+            "model {} ({} parameters), seq {}, batch {}, {} steps, {}{lora}",
             r.model,
             human_count(r.parameters),
             r.seq,
             r.batch,
-            r.steps
+            r.steps,
+            r.precision
         );
     }
 }
@@ -241,7 +262,8 @@ fn print_table(rows: &[Row], unfit: &[Unfit]) {
 /// Measures `args.steps` training steps of `stack` in this process.
 fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>> {
     let stack = find_stack(name)?;
-    let device = DeviceChoice::from_arg_or_env(Some(&args.device))?.device()?;
+    let precision = Precision::from_names(&args.precision, &args.half_update)?;
+    let device = DeviceChoice::from_arg_or_env(Some(&args.device))?.device_in(precision.dtype())?;
     let mut config = LmConfig::preset(&args.model)?;
     let optimizer = stack.switches.apply(&mut config);
     if let Some(tie) = args.tie_embeddings {
@@ -253,23 +275,31 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
         .chunks_exact(args.seq + 1)
         .map(<[u32]>::to_vec)
         .collect();
+    let lora = args
+        .lora
+        .map(|rank| LoraConfig::new(rank, 2.0 * rank as f64));
+    let training = TrainingConfig::new()
+        .with_seq_len(args.seq)
+        .with_batch_size(args.batch)
+        .with_learning_rate(args.lr)
+        .with_optimizer(optimizer)
+        .with_precision(precision)
+        .with_seed(args.seed)
+        .with_lora(lora);
     let measured = measure_training_steps(
-        &config,
-        optimizer,
-        Precision::F32,
+        &RunConfig::new(config.clone(), training),
         &windows,
-        args.batch,
         args.steps,
-        args.lr,
-        args.seed,
         &device,
     )?;
     let pools = measured.pools;
+    // The budget models f32 weights that all train.
+    let modelled = precision == Precision::F32 && args.lora.is_none();
     let shape = StepShape::f32(args.batch, args.seq);
-    let predicted_peak_bytes =
-        step_budget(&config, &optimizer.plan(), shape, DeviceMemory::of(&device))
-            .ok()
-            .map(|budget| budget.peak());
+    let predicted_peak_bytes = modelled
+        .then(|| step_budget(&config, &optimizer.plan(), shape, DeviceMemory::of(&device)).ok())
+        .flatten()
+        .map(|budget| budget.peak());
     Ok(Row {
         stack: name.to_owned(),
         device: describe(&device),
@@ -278,6 +308,8 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
         seq: args.seq,
         batch: args.batch,
         steps: args.steps,
+        precision: format!("{precision:?}"),
+        lora_rank: args.lora,
         peak_bytes: pools.peak,
         persistent_bytes: pools.persistent(),
         parameter_bytes: pools.parameters,

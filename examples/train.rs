@@ -18,7 +18,6 @@ use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::budget::DeviceMemory;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes, parse_bytes};
-use burn_memwall::optim::HalfPrecisionUpdate;
 use burn_memwall_models::data::{Corpus, TextTokenizer, load_text, split_text};
 use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LinearKind, LmConfig, LoraConfig, LossKind, PRESETS, StepShape,
@@ -82,33 +81,6 @@ enum LossArg {
     Fused,
 }
 
-#[derive(clap::ValueEnum, Clone, Copy, Debug)]
-enum PrecisionArg {
-    F32,
-    Bf16,
-    F16,
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug)]
-enum HalfUpdateArg {
-    Masters,
-    StochasticRounding,
-}
-
-impl Args {
-    fn precision(&self) -> Precision {
-        let update = match self.half_update {
-            HalfUpdateArg::Masters => HalfPrecisionUpdate::Masters,
-            HalfUpdateArg::StochasticRounding => HalfPrecisionUpdate::StochasticRounding,
-        };
-        match self.precision {
-            PrecisionArg::F32 => Precision::F32,
-            PrecisionArg::Bf16 => Precision::Bf16(update),
-            PrecisionArg::F16 => Precision::F16(update),
-        }
-    }
-}
-
 #[derive(Parser, Debug)]
 #[command(about = "Train the burn-memwall reference LM through Burn's Learner")]
 struct Args {
@@ -157,12 +129,12 @@ struct Args {
     device: String,
     /// The float type of the weights and activations: f32, or bf16 (half the bytes; the
     /// optimizer steps in f32, its state in f32). f16 is refused: it needs loss scaling.
-    #[arg(long, value_enum, default_value = "f32", conflicts_with = "fit")]
-    precision: PrecisionArg,
-    /// How bf16 weights take their updates: an f32 master copy of each (4 more bytes per
-    /// weight), or stochastic rounding of the weight itself (no copy).
-    #[arg(long, value_enum, default_value = "masters")]
-    half_update: HalfUpdateArg,
+    #[arg(long, default_value = "f32", conflicts_with = "fit")]
+    precision: String,
+    /// How bf16 weights take their updates: `masters` (an f32 master copy of each, 4 more
+    /// bytes per weight) or `stochastic-rounding` (of the weight itself, no copy).
+    #[arg(long, default_value = "masters")]
+    half_update: String,
     /// UTF-8 text to train on (default: the corpus embedded in the binary).
     #[arg(long)]
     data: Option<PathBuf>,
@@ -235,7 +207,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         return list_models();
     }
     let choice = DeviceChoice::from_arg_or_env(Some(&args.device))?;
-    let precision = args.precision();
+    let precision = Precision::from_names(&args.precision, &args.half_update)?;
     // SAFETY: only the arguments have been read; no thread has started.
     let device = unsafe { choice.start_as_default_in(precision.dtype()) }?;
     let text = load_text(args.data.as_deref())?;

@@ -12,7 +12,7 @@ use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, PRESETS, StepShape, parameter_census,
     saved_activations,
 };
-use burn_memwall_models::training::{Plan, Precision, StepOptimizer, measure_training_steps};
+use burn_memwall_models::training::{Plan, StepOptimizer};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -82,20 +82,9 @@ fn the_step_peak_is_predicted_for_every_stack() {
             for candidate in &plan.candidates {
                 let mut config = base.clone();
                 let optimizer = candidate.stack.switches.apply(&mut config);
-                let measured = measure_training_steps(
-                    &config,
-                    optimizer,
-                    Precision::F32,
-                    &windows,
-                    2,
-                    2,
-                    1e-3,
-                    7,
-                    &device,
-                )
-                .unwrap()
-                .pools
-                .peak;
+                let measured = common::measure_steps(&config, optimizer, &windows, 2, 2, &device)
+                    .pools
+                    .peak;
                 let label = format!(
                     "{model} seq {seq} {} (peak at {})",
                     candidate.stack.name,
@@ -147,19 +136,9 @@ fn the_saved_activations_are_predicted_for_every_stack() {
                                     .iter()
                                     .map(Term::bytes)
                                     .sum();
-                            let measured = measure_training_steps(
-                                &config,
-                                optimizer,
-                                Precision::F32,
-                                &windows,
-                                2,
-                                2,
-                                1e-3,
-                                7,
-                                &device,
-                            )
-                            .unwrap()
-                            .saved_activations;
+                            let measured =
+                                common::measure_steps(&config, optimizer, &windows, 2, 2, &device)
+                                    .saved_activations;
                             let label = format!(
                                 "seq {seq} {attention:?} {loss:?} {blocks:?} {linear:?} \
                                  {optimizer:?}"
@@ -387,18 +366,8 @@ mod cube_pools {
             Ok(device) => device,
             Err(error) => return println!("{NO_ADAPTER_PREFIX}{error}"),
         };
-        let measured = measure_training_steps(
-            &config,
-            optimizer,
-            Precision::F32,
-            &windows(seq),
-            2,
-            STEADY_STEPS,
-            1e-3,
-            7,
-            &device,
-        )
-        .unwrap();
+        let measured =
+            common::measure_steps(&config, optimizer, &windows(seq), 2, STEADY_STEPS, &device);
         println!("{REPORT_PREFIX}{}", measured.pools.peak);
     }
 }

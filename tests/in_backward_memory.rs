@@ -11,8 +11,7 @@ use burn_memwall::memory::CountingAllocator;
 use burn_memwall_models::data::{Corpus, DEFAULT_CORPUS, TextTokenizer};
 use burn_memwall_models::lm::LmConfig;
 use burn_memwall_models::training::{
-    Artifacts, Precision, RunConfig, Start, StepMeasurement, StepOptimizer, TrainReport,
-    TrainingConfig, measure_training_steps, train,
+    Artifacts, RunConfig, Start, StepMeasurement, StepOptimizer, TrainReport, TrainingConfig, train,
 };
 
 #[global_allocator]
@@ -30,18 +29,7 @@ fn measure(optimizer: StepOptimizer, device: &Device) -> StepMeasurement {
     let config = LmConfig::preset("small").unwrap();
     let tokens = TextTokenizer::byte_level().encode(DEFAULT_CORPUS).unwrap();
     let windows: Vec<Vec<u32>> = tokens.chunks_exact(SEQ + 1).map(<[u32]>::to_vec).collect();
-    measure_training_steps(
-        &config,
-        optimizer,
-        Precision::F32,
-        &windows,
-        1,
-        STEPS,
-        1e-3,
-        7,
-        device,
-    )
-    .unwrap()
+    common::measure_steps(&config, optimizer, &windows, 1, STEPS, device)
 }
 
 /// The highest step peak of one epoch of three steps of the same model through the Learner,

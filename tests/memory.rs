@@ -6,7 +6,7 @@ use burn::prelude::*;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, PoolBreakdown};
 use burn_memwall_models::data::{DEFAULT_CORPUS, TextTokenizer};
 use burn_memwall_models::lm::LmConfig;
-use burn_memwall_models::training::{Precision, StepOptimizer, measure_training_steps};
+use burn_memwall_models::training::StepOptimizer;
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -58,20 +58,8 @@ fn a_baseline_step_holds_its_logits_and_scales_with_the_batch() {
     let tokens = TextTokenizer::byte_level().encode(DEFAULT_CORPUS).unwrap();
     let windows: Vec<Vec<u32>> = tokens.chunks_exact(seq + 1).map(<[u32]>::to_vec).collect();
 
-    let measure = |batch| {
-        measure_training_steps(
-            &config,
-            StepOptimizer::AdamW,
-            Precision::F32,
-            &windows,
-            batch,
-            3,
-            1e-3,
-            7,
-            &device,
-        )
-        .unwrap()
-    };
+    let measure =
+        |batch| common::measure_steps(&config, StepOptimizer::AdamW, &windows, batch, 3, &device);
     let (small, large) = (measure(2), measure(4));
     let params = (config.param_count() * 4) as u64;
     assert_eq!(small.pools.parameters, params);
@@ -113,19 +101,8 @@ fn the_reversible_model_saves_the_same_activations_at_any_depth() {
             .with_attention(AttentionKind::Flash)
             .with_loss(LossKind::Fused)
             .with_blocks(blocks);
-        measure_training_steps(
-            &config,
-            StepOptimizer::AdamW,
-            Precision::F32,
-            &windows,
-            4,
-            3,
-            1e-3,
-            7,
-            &device,
-        )
-        .unwrap()
-        .saved_activations as f64
+        common::measure_steps(&config, StepOptimizer::AdamW, &windows, 4, 3, &device)
+            .saved_activations as f64
     };
     let reversible = saved(BlockKind::Reversible, 8) / saved(BlockKind::Reversible, 2);
     let standard = saved(BlockKind::Standard, 8) / saved(BlockKind::Standard, 2);

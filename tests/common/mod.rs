@@ -138,3 +138,28 @@ pub fn parameters<M: burn::module::Module>(model: &M) -> Vec<TensorData> {
     model.visit(&mut collect);
     collect.0
 }
+
+/// `steps` training steps of `config` measured as memgate measures them (learning rate 1e-3,
+/// seed 7, f32), `batch` windows per step.
+pub fn measure_steps(
+    config: &burn_memwall_models::lm::LmConfig,
+    optimizer: burn_memwall_models::training::StepOptimizer,
+    windows: &[Vec<u32>],
+    batch: usize,
+    steps: usize,
+    device: &Device,
+) -> burn_memwall_models::training::StepMeasurement {
+    use burn_memwall_models::training::{RunConfig, TrainingConfig, measure_training_steps};
+    let training = TrainingConfig::new()
+        .with_batch_size(batch)
+        .with_learning_rate(1e-3)
+        .with_optimizer(optimizer)
+        .with_seed(7);
+    measure_training_steps(
+        &RunConfig::new(config.clone(), training),
+        windows,
+        steps,
+        device,
+    )
+    .unwrap()
+}

@@ -12,12 +12,9 @@ use burn_memwall::optim::train_step;
 
 use crate::Error;
 use crate::data::LmBatcher;
-use crate::lm::{LanguageModel, LmConfig};
+use crate::lm::LanguageModel;
 
-use super::{Precision, StepOptimizer};
-
-/// AdamW's weight decay in the measured steps (it changes no pool).
-const WEIGHT_DECAY: f32 = 0.01;
+use super::{RunConfig, TrainingConfig};
 
 /// What a few training steps of one stack measured.
 #[derive(Clone, Copy, Debug)]
@@ -37,24 +34,30 @@ pub struct StepMeasurement {
     pub loss: f32,
 }
 
-/// Trains `steps` steps of `config` with `optimizer` on consecutive batches of `windows` and
-/// measures each step, the model in the device's float type (`precision` says how half-precision
-/// weights take their updates).
+/// Trains `steps` steps of `run` (its model with its LoRA adapters, drawn, not its base's
+/// weights; its optimizer, precision, batch size, learning rate, weight decay and seed) on
+/// consecutive batches of `windows` and measures each step. `device` must compute in the run's
+/// precision.
 ///
 /// The peak counts everything allocated after the call starts; on Cube devices pool peaks cannot
 /// be reset, so run one measurement per process there.
-#[allow(clippy::too_many_arguments)]
 pub fn measure_training_steps(
-    config: &LmConfig,
-    optimizer: StepOptimizer,
-    precision: Precision,
+    run: &RunConfig,
     windows: &[Vec<u32>],
-    batch_size: usize,
     steps: usize,
-    learning_rate: f64,
-    seed: u64,
     device: &Device,
 ) -> Result<StepMeasurement, Error> {
+    run.check_device(device)?;
+    let config = &run.model;
+    let TrainingConfig {
+        optimizer,
+        precision,
+        batch_size,
+        learning_rate,
+        seed,
+        weight_decay,
+        ..
+    } = run.training;
     if steps < 2 {
         return Err(Error::Training(
             "measure at least 2 steps (the first is an untimed warm-up)".into(),
@@ -75,24 +78,17 @@ pub fn measure_training_steps(
         )));
     }
     let train_device = device.clone().autodiff();
-    warm_up_runtime(
-        config,
-        optimizer,
-        precision,
-        windows,
-        batch_size,
-        &train_device,
-    )?;
+    warm_up_runtime(run, windows, &train_device)?;
     let meter = MemoryMeter::new(device);
     let start_bytes = meter.live_bytes();
     device.seed(seed);
-    let mut model = config
-        .init(&train_device)?
+    let mut model = run
+        .initial_model(&train_device, false)?
         .with_in_backward(optimizer.in_backward());
     let sizes = initialize_parameters(&model);
     // Gradients of the trained parameters: all at once after backward, or one at a time in it.
     let gradient_bytes = optimizer.plan().gradients(&sizes).bytes();
-    let mut optimizer = optimizer.init(WEIGHT_DECAY, precision, seed);
+    let mut optimizer = optimizer.init(weight_decay, precision, seed);
     let parameter_bytes = sizes.bytes();
 
     let (mut peak, mut saved_activations) = (0u64, 0u64);
@@ -138,25 +134,18 @@ pub fn measure_training_steps(
 /// One throwaway step of the same model and batch shape, so that what the runtime allocates
 /// once and keeps (thread pools, per-thread matmul scratch sized by the largest product, the
 /// autodiff server) is not counted as the measured model's persistent state.
-fn warm_up_runtime(
-    config: &LmConfig,
-    optimizer: StepOptimizer,
-    precision: Precision,
-    windows: &[Vec<u32>],
-    batch_size: usize,
-    device: &Device,
-) -> Result<(), Error> {
-    let batch = LmBatcher::batch_windows(&windows[..batch_size], device);
-    let model = config
-        .init(device)?
-        .with_in_backward(optimizer.in_backward());
+fn warm_up_runtime(run: &RunConfig, windows: &[Vec<u32>], device: &Device) -> Result<(), Error> {
+    let training = &run.training;
+    let batch = LmBatcher::batch_windows(&windows[..training.batch_size], device);
+    let model = run
+        .initial_model(device, false)?
+        .with_in_backward(training.optimizer.in_backward());
     let loss = model.loss(batch.inputs, batch.targets);
-    update(
-        model,
-        &mut optimizer.init(WEIGHT_DECAY, precision, 0),
-        loss,
-        1e-3,
-    );
+    let mut optimizer =
+        training
+            .optimizer
+            .init(training.weight_decay, training.precision, training.seed);
+    update(model, &mut optimizer, loss, 1e-3);
     if device.memory_pool_usage().is_none() {
         warm_every_matmul_thread(device);
     }

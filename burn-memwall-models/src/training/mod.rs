@@ -195,6 +195,21 @@ impl RunConfig {
         Ok(())
     }
 
+    /// Checks that `device` computes in the run's precision (its default float type).
+    fn check_device(&self, device: &Device) -> Result<(), Error> {
+        let (want, have) = (
+            self.training.precision.dtype(),
+            device.settings().float_dtype,
+        );
+        if want != have {
+            return Err(Error::Training(format!(
+                "the run trains in {want:?}, the device computes in {have:?}: start it in the \
+                 run's (DeviceChoice::device_in or start_as_default_in)"
+            )));
+        }
+        Ok(())
+    }
+
     /// The model before the first step on `device`, whose RNG is seeded: drawn, then the
     /// base's weights when `with_base`, then LoRA adapters for a LoRA run.
     fn initial_model(&self, device: &Device, with_base: bool) -> Result<LanguageModel, Error> {
@@ -552,14 +567,7 @@ pub fn train(
         )));
     }
 
-    let device_dtype = device.settings().float_dtype;
-    if device_dtype != training.precision.dtype() {
-        return Err(Error::Training(format!(
-            "the run trains in {:?}, the device computes in {device_dtype:?}: start it in the \
-             run's (DeviceChoice::start_as_default_in)",
-            training.precision.dtype()
-        )));
-    }
+    run.check_device(device)?;
     let meter = MemoryMeter::new(device);
     let live_before = meter.live_bytes();
     device.seed(training.seed);

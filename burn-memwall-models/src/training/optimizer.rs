@@ -9,6 +9,8 @@ use burn_memwall::optim::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::Error;
+
 /// The float type the model is stored and computed in (the device's default float type), and
 /// for bf16 and f16 how the weights take their updates. The optimizer steps in f32 in every
 /// case, its state in f32.
@@ -20,6 +22,32 @@ pub enum Precision {
 }
 
 impl Precision {
+    /// The names on the command line: `f32`, `bf16` or `f16`, and for half precision
+    /// `masters` or `stochastic-rounding`.
+    ///
+    /// # Errors
+    /// Another name, naming the ones there are.
+    pub fn from_names(float: &str, update: &str) -> Result<Self, Error> {
+        let update = match update {
+            "masters" => HalfPrecisionUpdate::Masters,
+            "stochastic-rounding" => HalfPrecisionUpdate::StochasticRounding,
+            other => {
+                return Err(Error::InvalidConfig(format!(
+                    "unknown update of half-precision weights `{other}`; expected masters or \
+                     stochastic-rounding"
+                )));
+            }
+        };
+        match float {
+            "f32" => Ok(Self::F32),
+            "bf16" => Ok(Self::Bf16(update)),
+            "f16" => Ok(Self::F16(update)),
+            other => Err(Error::InvalidConfig(format!(
+                "unknown precision `{other}`; expected f32, bf16 or f16"
+            ))),
+        }
+    }
+
     /// The float type.
     pub fn dtype(self) -> FloatDType {
         match self {
