@@ -261,7 +261,7 @@ fn input_gradient_error(
 }
 
 /// Rebuilding is exact up to rounding, which accumulates with depth; anchors restart it from
-/// kept inputs. The numbers are printed for docs/BENCHMARKS.md.
+/// kept inputs, and with every block's input kept nothing is rebuilt. The numbers are printed for docs/BENCHMARKS.md.
 #[test]
 fn rebuilt_inputs_drift_slowly_and_anchors_bound_it() {
     let _turn = common::take_turn();
@@ -287,13 +287,18 @@ fn rebuilt_inputs_drift_slowly_and_anchors_bound_it() {
     for dtype in [FloatDType::F32, FloatDType::BF16] {
         let without = input_gradient_error(256, 0, dtype, &device);
         let anchored = input_gradient_error(256, 8, dtype, &device);
+        let every_block = input_gradient_error(256, 1, dtype, &device);
         eprintln!(
-            "depth 256, {dtype:?}: input-gradient error {without:.2e}, anchors every 8: {anchored:.2e}"
+            "depth 256, {dtype:?}: input-gradient error {without:.2e}, anchors every 8: \
+             {anchored:.2e}, every block: {every_block:.2e}"
         );
         assert!(
             anchored < without,
             "anchors must shrink the {dtype:?} error: {anchored:e} vs {without:e}"
         );
+        // Every input kept: nothing is rebuilt, and each block's recomputation starts from its
+        // true input, so the gradients are the plain stack's bit for bit.
+        assert_eq!(every_block, 0.0, "{dtype:?}, every block anchored");
     }
 }
 

@@ -369,23 +369,34 @@ where
         for (block, (f, g)) in f.into_iter().zip(g).enumerate().rev() {
             let [y1, y2] = halves(y);
             let [dy1, dy2] = halves(dy);
+            // This block's input when it was kept: F's recomputation then starts from the
+            // true x₂, not from one rebuilt by an inversion (which in bf16 is off by a
+            // rounding of the streams).
+            let kept = match anchors.last() {
+                Some((kept, _)) if *kept == block => {
+                    Some(halves(anchors.pop().expect("just seen").1))
+                }
+                _ => None,
+            };
             // x₂ = y₂ − G(y₁); G's backward adds Gᵀ·dy₂ to y₁'s gradient.
             let (g_out, g_input_gradient, g_gradients) =
                 recompute(g, y1.clone(), dy2.clone(), &trained);
-            let x2 = y2 - g_out;
+            let x2 = match &kept {
+                Some([_, x2]) => x2.clone(),
+                None => y2 - g_out,
+            };
             let dy1 = dy1 + g_input_gradient;
             give(g_gradients);
             // x₁ = y₁ − F(x₂); F's backward adds Fᵀ·dy₁ to x₂'s gradient.
             let (f_out, f_input_gradient, f_gradients) =
                 recompute(f, x2.clone(), dy1.clone(), &trained);
-            let x1 = y1 - f_out;
+            let x1 = match kept {
+                Some([x1, _]) => x1,
+                None => y1 - f_out,
+            };
             let dx2 = dy2 + f_input_gradient;
             give(f_gradients);
-
-            y = match anchors.last() {
-                Some((kept, _)) if *kept == block => anchors.pop().expect("just seen").1,
-                _ => Tensor::cat(vec![x1, x2], D - 1),
-            };
+            y = Tensor::cat(vec![x1, x2], D - 1);
             dy = Tensor::cat(vec![dy1, dx2], D - 1);
         }
         dy.into_dispatch()
