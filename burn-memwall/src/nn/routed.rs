@@ -61,18 +61,21 @@ impl<'a> Routed<'a> {
     /// that Burn's `Linear::forward` builds each call and keeps for the backward pass, nor that
     /// weight's full-size gradient. The backward keeps `x` and `x·A` (`rank` wide) instead.
     pub fn linear<const D: usize>(&self, layer: &Linear, x: Tensor<D>) -> Tensor<D> {
-        let bias = layer.bias.as_ref().map(|bias| self.param(bias, &x));
+        // Read in `Linear::forward`'s order (weight, then bias): Burn draws a parameter's
+        // initial value at its first read, so the order decides which values each one gets.
         let Some(adapter) = layer.weight.adapter() else {
             let weight = self.param(&layer.weight, &x);
+            let bias = layer.bias.as_ref().map(|bias| self.param(bias, &x));
             return linear(x, weight, bias);
         };
-        let (a, b) = (self.param(&adapter.a, &x), self.param(&adapter.b, &x));
-        let low_rank = linear(linear(x.clone(), a, None), b, None).mul_scalar(adapter.scale);
         // Frozen, as LoRA leaves it, unless the caller unfroze it (then it is routed too).
         let base = self.param(
             &Param::initialized(layer.weight.id, layer.weight.base()),
             &x,
         );
+        let (a, b) = (self.param(&adapter.a, &x), self.param(&adapter.b, &x));
+        let bias = layer.bias.as_ref().map(|bias| self.param(bias, &x));
+        let low_rank = linear(linear(x.clone(), a, None), b, None).mul_scalar(adapter.scale);
         linear(x, base, bias) + low_rank
     }
 
