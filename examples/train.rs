@@ -127,12 +127,13 @@ struct Args {
     /// auto, flex, wgpu, vulkan, metal, webgpu, cuda, rocm or cpu.
     #[arg(long, env = "BURN_DEVICE", default_value = "auto")]
     device: String,
-    /// The float type of the weights and activations: f32, or bf16 (half the bytes; the
-    /// optimizer steps in f32, its state in f32). f16 is refused: it needs loss scaling.
+    /// The float type of the weights and activations: f32, bf16 or f16 (half the bytes; the
+    /// optimizer steps in f32, its state in f32). f16 trains with a dynamic loss scale, since
+    /// its range would flush gradients to zero; bf16 has f32's range.
     #[arg(long, default_value = "f32", conflicts_with = "fit")]
     precision: String,
-    /// How bf16 weights take their updates: `masters` (an f32 master copy of each, 4 more
-    /// bytes per weight) or `stochastic-rounding` (of the weight itself, no copy).
+    /// How bf16 or f16 weights take their updates: `masters` (an f32 master copy of each, 4
+    /// more bytes per weight) or `stochastic-rounding` (of the weight itself, no copy).
     #[arg(long, default_value = "masters")]
     half_update: String,
     /// UTF-8 text to train on (default: the corpus embedded in the binary).
@@ -383,6 +384,12 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         last.valid_loss.exp()
     );
     println!("  training speed         {mean_speed:.0} tokens/s");
+    if let Some(scale) = report.loss_scale {
+        println!(
+            "  loss scale             {} at the end; {} parameter updates skipped for an overflow",
+            scale.scale, scale.skipped_updates
+        );
+    }
     let memory = report.step_memory;
     println!(
         "  peak of a step         {} ({}), persistent {}, peak / persistent {:.2}",

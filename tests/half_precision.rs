@@ -2,6 +2,8 @@
 //! reference on every device; `StochasticRounding` moves weights by updates far below their
 //! spacing, on average exactly (rounding to the nearest would not move them at all);
 //! `MasterWeights` follows the f32 trajectory bit for bit; both states save and load whole.
+//! A loss scale keeps gradients that f16 would flush to zero, unscales them exactly, skips an
+//! overflowing update and halves, then grows again.
 
 mod common;
 
@@ -11,7 +13,10 @@ use burn::optim::{AdamWConfig, Optimizer, RecordState, SgdConfig, StateSink, Sta
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType};
 use burn_memwall::ops::stochastic_rounding::round_stochastically;
-use burn_memwall::optim::{FusedAdamWConfig, MasterWeights, StochasticRounding};
+use burn_memwall::optim::{
+    FusedAdamWConfig, LossScaleConfig, LossScaleError, LossScaled, MAX_LOSS_SCALE, MasterWeights,
+    StochasticRounding,
+};
 use burn_memwall_codes::hash::keyed_uniform;
 use burn_memwall_codes::rounding::{self, HalfFormat};
 
@@ -154,5 +159,121 @@ fn half_precision_states_save_and_load_whole() {
     assert_state_round_trips(
         &StochasticRounding::new(FusedAdamWConfig::new().build(), 3),
         FloatDType::F16,
+    );
+}
+
+/// `loss = 2⁻¹⁴·Σ w·x` with `x` near 2⁻¹²: each weight's gradient is near 2⁻²⁶, below f16's
+/// smallest number (2⁻²⁴). Unscaled, f16 flushes every one to zero; from the scaled loss the
+/// optimizer receives each exactly (scaling and unscaling by powers of two round nothing).
+#[test]
+fn a_loss_scale_keeps_the_gradients_that_f16_flushes_to_zero() {
+    let device = Device::flex().autodiff();
+    let n = 256;
+    let x: Vec<f32> = (0..n)
+        .map(|i| (1.0 + i as f32 / n as f32) * 2f32.powi(-12))
+        .collect();
+    let x16 = Tensor::<1>::from_floats(x.as_slice(), &device).cast(FloatDType::F16);
+    let exact: Vec<f64> = host(x16.clone().inner().cast(FloatDType::F32))
+        .iter()
+        .map(|x| x * 2f64.powi(-14))
+        .collect();
+    let gradient = |scale: Option<&burn_memwall::optim::LossScale>| {
+        let w = Tensor::<1>::zeros([n], &device)
+            .cast(FloatDType::F16)
+            .require_grad();
+        let loss = (w.clone() * x16.clone()).sum().mul_scalar(2f32.powi(-14));
+        let loss = match scale {
+            Some(scale) => scale.scale(loss),
+            None => loss,
+        };
+        w.grad(&loss.backward()).unwrap()
+    };
+    let unscaled = gradient(None);
+    assert_eq!(unscaled.dtype(), DType::F16);
+    assert!(
+        host(unscaled.cast(FloatDType::F32))
+            .iter()
+            .all(|g| *g == 0.0),
+        "the premise: f16 flushes these gradients to zero"
+    );
+
+    // SGD at rate 1 from zero: the f32 master is minus the gradient the optimizer received.
+    let scale = LossScaleConfig::new().init();
+    let optimizer = LossScaled::new(MasterWeights::new(SgdConfig::new().build()), scale.clone());
+    let weights = Tensor::<1>::zeros([n], &Device::flex()).cast(FloatDType::F16);
+    let (_, state) = optimizer.step(1.0, weights, gradient(Some(&scale)), None);
+    let received: Vec<f64> = host(state.unwrap().master).iter().map(|m| -m).collect();
+    assert_eq!(received, exact);
+}
+
+/// Unscaled gradients equal the unscaled loss's (bit for bit, AdamW's state included); an
+/// overflowing gradient leaves its parameter and state as they were, and the step that had it
+/// halves the scale; finite steps double it after the interval, up to 2¹⁵.
+#[test]
+fn a_loss_scale_unscales_exactly_skips_overflows_and_adapts() {
+    let device = Device::flex();
+    let weights = common::host_tensor([32, 16], 0.2, &device);
+    let grad = |salt| common::host_tensor([32, 16], salt, &device);
+    let scale = LossScaleConfig::new()
+        .with_initial_scale(1024.0)
+        .with_growth_interval(2)
+        .init();
+    let adamw = AdamWConfig::new().build();
+    let scaled = LossScaled::new(adamw.clone(), scale.clone());
+
+    let (want, want_state) = adamw.step(1e-2, weights.clone(), grad(1.0), None);
+    let (got, state) = scaled.step(1e-2, weights.clone(), grad(1.0).mul_scalar(1024.0), None);
+    assert_eq!(got.clone().into_data(), want.into_data());
+    let (want, _) = adamw.step(1e-2, got.clone(), grad(2.0), want_state);
+    let (stepped, state) = scaled.step(1e-2, got.clone(), grad(2.0).mul_scalar(1024.0), state);
+    assert_eq!(stepped.into_data(), want.clone().into_data());
+    scale.end_step();
+    assert_eq!(scale.value(), 1024.0, "one finite step of an interval of 2");
+
+    let overflowing = grad(3.0)
+        .mul_scalar(1024.0)
+        .slice_fill([0..1, 0..1], f32::INFINITY);
+    let (kept, kept_state) = scaled.step(1e-2, got.clone(), overflowing, state.clone());
+    assert_eq!(kept.into_data(), got.clone().into_data());
+    let (a, _) = adamw.step(1e-2, got.clone(), grad(4.0), kept_state);
+    let (b, _) = adamw.step(1e-2, got.clone(), grad(4.0), state);
+    assert_eq!(a.into_data(), b.into_data(), "the state is the one before");
+    scale.end_step();
+    let record = scale.to_record();
+    assert_eq!((record.scale, record.skipped_updates), (512.0, 1));
+
+    for (steps, want) in [(1, 512.0), (2, 1024.0), (4, 2048.0), (40, MAX_LOSS_SCALE)] {
+        let scale = LossScaleConfig::new()
+            .with_initial_scale(512.0)
+            .with_growth_interval(2)
+            .init();
+        (0..steps).for_each(|_| scale.end_step());
+        assert_eq!(scale.value(), want, "after {steps} finite steps");
+    }
+}
+
+#[test]
+fn a_loss_scale_that_is_not_a_power_of_two_up_to_two_to_the_15_is_refused() {
+    for bad in [3.0, 65536.0, 0.0, -2.0, f32::NAN, f32::INFINITY, 1e-40] {
+        let error = LossScaleConfig::new()
+            .with_initial_scale(bad)
+            .try_init()
+            .unwrap_err();
+        assert!(matches!(error, LossScaleError::InitialScale(_)), "{bad}");
+    }
+    for good in [1.0, 0.5, 2f32.powi(-20), MAX_LOSS_SCALE] {
+        assert!(
+            LossScaleConfig::new()
+                .with_initial_scale(good)
+                .try_init()
+                .is_ok()
+        );
+    }
+    assert_eq!(
+        LossScaleConfig::new()
+            .with_growth_interval(0)
+            .try_init()
+            .unwrap_err(),
+        LossScaleError::GrowthInterval
     );
 }

@@ -853,7 +853,7 @@ fn launch_in_backward_training(
             .batch_size(8)
             .build(dataset)
     };
-    let optimizer = StepOptimizer::InBackwardFusedAdamW.init(0.0, Precision::F32, 0);
+    let optimizer = StepOptimizer::InBackwardFusedAdamW.init(0.0, Precision::F32, 0, None);
     let strategy = InBackwardTraining::new(device.clone(), optimizer.clone(), 1e-2);
     let dir = common::temp_dir();
     let builder = SupervisedTraining::new(dir.path(), loader(train), loader(valid))

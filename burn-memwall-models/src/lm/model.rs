@@ -12,7 +12,7 @@ use burn_memwall::nn::{
     CounterEmbedding, CounterLinear, CouplingFunction, FusedLinearCrossEntropyLossConfig,
     KeyValueCache, ReversibleSequence, Routed,
 };
-use burn_memwall::optim::InBackward;
+use burn_memwall::optim::{InBackward, LossScale};
 
 use super::{
     AttentionCoupling, BlockKind, CausalSelfAttention, LinearKind, LmConfig, LossKind, Mlp,
@@ -88,6 +88,10 @@ pub struct LanguageModel {
     /// backward by [`InBackward::step`].
     #[module(skip)]
     in_backward: Option<InBackward>,
+    /// Set by [`LanguageModel::with_loss_scale`]: the training step's backward pass then starts
+    /// from the scaled loss.
+    #[module(skip)]
+    loss_scale: Option<LossScale>,
 }
 
 impl LmConfig {
@@ -137,6 +141,7 @@ impl LmConfig {
             max_seq_len: self.max_seq_len,
             loss: self.loss,
             in_backward: None,
+            loss_scale: None,
         })
     }
 }
@@ -165,6 +170,30 @@ impl LanguageModel {
     /// The handle set by [`Self::with_in_backward`].
     pub fn in_backward(&self) -> Option<&InBackward> {
         self.in_backward.as_ref()
+    }
+
+    /// Trains on losses scaled by `loss_scale` (f16's gradients), or unscaled with `None`; the
+    /// optimizer must unscale them ([`burn_memwall::optim::LossScaled`] with the same scale).
+    pub fn with_loss_scale(mut self, loss_scale: Option<LossScale>) -> Self {
+        self.loss_scale = loss_scale;
+        self
+    }
+
+    /// The loss a training step's backward pass starts from: `loss`, scaled by the scale set
+    /// with [`Self::with_loss_scale`].
+    pub fn backward_loss(&self, loss: Tensor<1>) -> Tensor<1> {
+        match &self.loss_scale {
+            Some(scale) => scale.scale(loss),
+            None => loss,
+        }
+    }
+
+    /// Ends a training step after its update: the loss scale, if one is set, reads whether an
+    /// update overflowed.
+    pub fn end_step(&self) {
+        if let Some(scale) = &self.loss_scale {
+            scale.end_step();
+        }
     }
 
     fn route(&self) -> Routed<'_> {

@@ -82,13 +82,15 @@ pub fn measure_training_steps(
     let meter = MemoryMeter::new(device);
     let start_bytes = meter.live_bytes();
     device.seed(seed);
+    let loss_scale = run.training.new_loss_scale();
     let mut model = run
         .initial_model(&train_device, false)?
-        .with_in_backward(optimizer.in_backward());
+        .with_in_backward(optimizer.in_backward())
+        .with_loss_scale(loss_scale.clone());
     let sizes = initialize_parameters(&model);
     // Gradients of the trained parameters: all at once after backward, or one at a time in it.
     let gradient_bytes = optimizer.plan().gradients(&sizes).bytes();
-    let mut optimizer = optimizer.init(weight_decay, precision, seed);
+    let mut optimizer = optimizer.init(weight_decay, precision, seed, loss_scale.as_ref());
     let parameter_bytes = sizes.bytes();
 
     let (mut peak, mut saved_activations) = (0u64, 0u64);
@@ -137,14 +139,18 @@ pub fn measure_training_steps(
 fn warm_up_runtime(run: &RunConfig, windows: &[Vec<u32>], device: &Device) -> Result<(), Error> {
     let training = &run.training;
     let batch = LmBatcher::batch_windows(&windows[..training.batch_size], device);
+    let loss_scale = training.new_loss_scale();
     let model = run
         .initial_model(device, false)?
-        .with_in_backward(training.optimizer.in_backward());
+        .with_in_backward(training.optimizer.in_backward())
+        .with_loss_scale(loss_scale.clone());
     let loss = model.loss(batch.inputs, batch.targets);
-    let mut optimizer =
-        training
-            .optimizer
-            .init(training.weight_decay, training.precision, training.seed);
+    let mut optimizer = training.optimizer.init(
+        training.weight_decay,
+        training.precision,
+        training.seed,
+        loss_scale.as_ref(),
+    );
     update(model, &mut optimizer, loss, 1e-3);
     if device.memory_pool_usage().is_none() {
         warm_every_matmul_thread(device);
@@ -171,8 +177,11 @@ fn update(
     learning_rate: f64,
 ) -> LanguageModel {
     let in_backward = model.in_backward().cloned();
-    train_step(in_backward.as_ref(), optimizer, learning_rate, model, loss)
-        .expect("a model on an autodiff device")
+    let loss = model.backward_loss(loss);
+    let model = train_step(in_backward.as_ref(), optimizer, learning_rate, model, loss)
+        .expect("a model on an autodiff device");
+    model.end_step();
+    model
 }
 
 /// Draws every parameter's initial value now, in the model's own order, and counts them.

@@ -21,7 +21,9 @@ use burn::prelude::*;
 use burn::train::metric::{LearningRateMetric, LossMetric};
 use burn::train::{Interrupter, Learner, SupervisedTraining, TrainingStrategy};
 use burn_memwall::memory::MemoryMeter;
-use burn_memwall::optim::{InBackwardTraining, StepMemory};
+use burn_memwall::optim::{
+    InBackwardTraining, LossScale, LossScaleConfig, LossScaleRecord, StepMemory,
+};
 
 pub use curve::LossCurve;
 pub use loader::EpochLoader;
@@ -83,12 +85,20 @@ pub struct TrainingConfig {
     /// when it starts), and how half-precision weights take their updates.
     #[config(default = "Precision::F32")]
     pub precision: Precision,
+    /// The dynamic loss scale of a run in f16 (unused in f32 and bf16).
+    #[config(default = "LossScaleConfig::new()")]
+    pub loss_scale: LossScaleConfig,
     /// Train LoRA adapters on the blocks' linears, everything else frozen (with a
     /// [`RunConfig::base`] to fine-tune, usually).
     pub lora: Option<LoraConfig>,
 }
 
 impl TrainingConfig {
+    /// A fresh loss scale for a run in f16, `None` in the other precisions.
+    pub fn new_loss_scale(&self) -> Option<LossScale> {
+        self.precision.scales_loss().then(|| self.loss_scale.init())
+    }
+
     /// The settings a resume may change on purpose (`Start::Resume`'s `allow_change`): each
     /// takes effect from the resumed step on and leaves the checkpoint's state valid (Burn's
     /// scheduler records hold step counts, not rates).
@@ -124,12 +134,8 @@ impl TrainingConfig {
                 self.weight_decay
             ));
         }
-        if let Precision::F16(_) = self.precision {
-            return fail(
-                "training in f16 needs loss scaling, which burn-memwall does not have yet: \
-                 train in bf16 (it has f32's range)"
-                    .into(),
-            );
+        if let Err(error) = self.loss_scale.try_init() {
+            return fail(error.to_string());
         }
         for (name, value) in [
             ("sequence length", Some(self.seq_len)),
@@ -305,6 +311,8 @@ pub struct TrainReport {
     pub live_before_bytes: u64,
     /// The epoch a resume started after.
     pub resumed_from: Option<usize>,
+    /// Where the loss scale ended, and how many updates it skipped, in f16.
+    pub loss_scale: Option<LossScaleRecord>,
     /// The trained model (on the device, without autodiff; LoRA adapters merged).
     pub model: LanguageModel,
 }
@@ -468,7 +476,7 @@ impl Artifacts {
 
     /// Reads back every file of `epoch`'s checkpoint: the model into `run`'s model, then the
     /// optimizer and scheduler records (and the per-parameter optimizer state of a run that
-    /// steps in backward). Each is dropped once read.
+    /// steps in backward, the loss scale of one in f16). Each is dropped once read.
     fn verify_checkpoint(
         &self,
         run: &RunConfig,
@@ -485,6 +493,7 @@ impl Artifacts {
             self.checkpoint_folder(),
             epoch,
             run.training.optimizer.in_backward().is_some(),
+            run.training.precision.scales_loss(),
         )
         .map_err(|e| e.to_string())
     }
@@ -572,9 +581,11 @@ pub fn train(
     let live_before = meter.live_bytes();
     device.seed(training.seed);
     let in_backward = training.optimizer.in_backward();
+    let loss_scale = training.new_loss_scale();
     let model = run
         .initial_model(&device.clone().autodiff(), start_epoch == 0)?
-        .with_in_backward(in_backward.clone());
+        .with_in_backward(in_backward.clone())
+        .with_loss_scale(loss_scale.clone());
     // Drawn now, in the model's order, rather than at their first read inside the first step,
     // where they would be allocated between its activations.
     measure::initialize_parameters(&model);
@@ -607,10 +618,12 @@ pub fn train(
     let (renderer, progress) = ProgressRenderer::new(training.seq_len, quiet);
     let renderer =
         renderer.stopping_on_divergence(interrupter.clone(), start_epoch * steps_per_epoch);
-    let optimizer =
-        training
-            .optimizer
-            .init(training.weight_decay, training.precision, training.seed);
+    let optimizer = training.optimizer.init(
+        training.weight_decay,
+        training.precision,
+        training.seed,
+        loss_scale.as_ref(),
+    );
     // burn-train's own loop keeps a second handle on the model while it optimizes, which
     // would hold every old weight beside its in-backward update.
     let mut strategy =
@@ -619,6 +632,9 @@ pub fn train(
             .with_step_memory(meter.clone());
     if let Some(in_backward) = in_backward {
         strategy = strategy.with_in_backward(in_backward);
+    }
+    if let Some(loss_scale) = &loss_scale {
+        strategy = strategy.with_loss_scale(loss_scale.clone());
     }
     let strategy = Arc::new(strategy);
     let mut builder = SupervisedTraining::new(artifacts.dir(), train_loader, valid_loader)
@@ -670,6 +686,7 @@ pub fn train(
         step_memory,
         live_before_bytes: live_before,
         resumed_from: (start_epoch > 0).then_some(start_epoch),
+        loss_scale: loss_scale.map(|scale| scale.to_record()),
         model,
     })
 }

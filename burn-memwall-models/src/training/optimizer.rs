@@ -4,8 +4,8 @@ use burn::optim::{AdamWConfig, ModuleOptimizer, Optimizer, SgdConfig};
 use burn::tensor::FloatDType;
 use burn_memwall::memory::budget::{OptimizerPlan, UpdateTiming};
 use burn_memwall::optim::{
-    FusedAdamWConfig, FusedSgdConfig, HalfPrecisionUpdate, InBackward, MasterWeights,
-    StochasticRounding,
+    FusedAdamWConfig, FusedSgdConfig, HalfPrecisionUpdate, InBackward, LossScale, LossScaled,
+    MasterWeights, StochasticRounding,
 };
 use serde::{Deserialize, Serialize};
 
@@ -13,7 +13,9 @@ use crate::Error;
 
 /// The float type the model is stored and computed in (the device's default float type), and
 /// for bf16 and f16 how the weights take their updates. The optimizer steps in f32 in every
-/// case, its state in f32.
+/// case, its state in f32. f16 trains with a dynamic loss scale
+/// ([`TrainingConfig::loss_scale`](super::TrainingConfig::loss_scale)): its range would flush
+/// the gradients to zero.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Precision {
     F32,
@@ -57,6 +59,12 @@ impl Precision {
         }
     }
 
+    /// Whether training in this precision scales its loss: f16 does, f32 and bf16 have f32's
+    /// range.
+    pub fn scales_loss(self) -> bool {
+        matches!(self, Self::F16(_))
+    }
+
     /// How half-precision weights take their updates; `None` in f32.
     pub fn half_update(self) -> Option<HalfPrecisionUpdate> {
         match self {
@@ -85,23 +93,31 @@ pub enum StepOptimizer {
 
 impl StepOptimizer {
     /// The optimizer, with AdamW's decoupled `weight_decay` (SGD takes none), for weights in
-    /// `precision` (stochastic roundings drawn under `seed`).
-    pub fn init(self, weight_decay: f32, precision: Precision, seed: u64) -> ModuleOptimizer {
+    /// `precision` (stochastic roundings drawn under `seed`), given gradients of losses scaled by
+    /// `loss_scale` if one is given.
+    pub fn init(
+        self,
+        weight_decay: f32,
+        precision: Precision,
+        seed: u64,
+        loss_scale: Option<&LossScale>,
+    ) -> ModuleOptimizer {
+        let decorations = Decorations {
+            precision,
+            seed,
+            loss_scale,
+        };
         match self {
-            Self::AdamW | Self::InBackwardAdamW => precise(
-                AdamWConfig::new().with_weight_decay(weight_decay).build(),
-                precision,
-                seed,
-            ),
-            Self::InBackwardFusedAdamW => precise(
+            Self::AdamW | Self::InBackwardAdamW => {
+                decorations.apply(AdamWConfig::new().with_weight_decay(weight_decay).build())
+            }
+            Self::InBackwardFusedAdamW => decorations.apply(
                 FusedAdamWConfig::new()
                     .with_weight_decay(weight_decay)
                     .build(),
-                precision,
-                seed,
             ),
-            Self::InBackwardSgd => precise(SgdConfig::new().build(), precision, seed),
-            Self::InBackwardFusedSgd => precise(FusedSgdConfig::new().build(), precision, seed),
+            Self::InBackwardSgd => decorations.apply(SgdConfig::new().build()),
+            Self::InBackwardFusedSgd => decorations.apply(FusedSgdConfig::new().build()),
         }
     }
 
@@ -134,13 +150,31 @@ impl StepOptimizer {
     }
 }
 
-/// `optimizer` for weights in `precision`: itself in f32, decorated for half precision.
-fn precise<O: Optimizer>(optimizer: O, precision: Precision, seed: u64) -> ModuleOptimizer {
-    match precision.half_update() {
-        None => optimizer.into(),
-        Some(HalfPrecisionUpdate::Masters) => MasterWeights::new(optimizer).into(),
-        Some(HalfPrecisionUpdate::StochasticRounding) => {
-            StochasticRounding::new(optimizer, seed as u32).into()
+/// What an optimizer is wrapped in for the weights' precision and the loss's scale.
+struct Decorations<'a> {
+    precision: Precision,
+    /// Seeds stochastic roundings.
+    seed: u64,
+    loss_scale: Option<&'a LossScale>,
+}
+
+impl Decorations<'_> {
+    /// `optimizer` as it is in f32, decorated for half precision, and unscaling the gradients
+    /// of scaled losses first.
+    fn apply<O: Optimizer>(&self, optimizer: O) -> ModuleOptimizer {
+        match self.precision.half_update() {
+            None => self.unscaled(optimizer),
+            Some(HalfPrecisionUpdate::Masters) => self.unscaled(MasterWeights::new(optimizer)),
+            Some(HalfPrecisionUpdate::StochasticRounding) => {
+                self.unscaled(StochasticRounding::new(optimizer, self.seed as u32))
+            }
+        }
+    }
+
+    fn unscaled<O: Optimizer>(&self, optimizer: O) -> ModuleOptimizer {
+        match self.loss_scale {
+            Some(scale) => LossScaled::new(optimizer, scale.clone()).into(),
+            None => optimizer.into(),
         }
     }
 }

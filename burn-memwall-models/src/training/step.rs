@@ -55,6 +55,7 @@ impl TrainStep for LanguageModel {
             loss: loss.clone(),
             tokens,
         };
+        let loss = self.backward_loss(loss);
         match self.in_backward() {
             // The backward pass runs in `optimize`, where the optimizer is at hand.
             Some(in_backward) => {
@@ -76,12 +77,14 @@ impl TrainStep for LanguageModel {
         learning_rate: ModuleLearningRate,
         grads: GradientsParams,
     ) -> Self {
-        match self.in_backward().cloned() {
+        let stepped = match self.in_backward().cloned() {
             Some(in_backward) => in_backward
                 .step_deferred(optimizer, learning_rate, self)
                 .unwrap_or_else(|error| panic!("{error}")),
             None => optimizer.step(learning_rate, self, grads),
-        }
+        };
+        stepped.end_step();
+        stepped
     }
 
     fn optimize_multi(
@@ -95,7 +98,9 @@ impl TrainStep for LanguageModel {
             "in-backward updates cannot train on several devices: each device would update its \
              own copy from its own gradients, which are never summed; train on one device"
         );
-        optimizer.step_multi(learning_rate, self, grads)
+        let stepped = optimizer.step_multi(learning_rate, self, grads);
+        stepped.end_step();
+        stepped
     }
 }
 

@@ -6,13 +6,15 @@
 //! - [`FusedAdamW`], [`FusedSgd`] (with momentum), [`FusedLion`]: Burn's AdamW, SGD and Lion
 //!   with each per-parameter step fused into one in-place pass.
 //! - [`MasterWeights`], [`StochasticRounding`]: any of them for weights stored in bf16 or f16,
-//!   with an f32 master copy or with stochastic rounding and no copy.
+//!   with an f32 master copy or with stochastic rounding and no copy; [`LossScaled`] with a
+//!   [`LossScale`] keeps f16 gradients in range.
 
 mod fused_adamw;
 mod fused_lion;
 mod fused_sgd;
 mod half_precision;
 mod in_backward;
+mod loss_scaling;
 
 pub use fused_adamw::{FusedAdamW, FusedAdamWConfig};
 pub use fused_lion::{FusedLion, FusedLionConfig};
@@ -24,6 +26,9 @@ pub use half_precision::{
 pub(crate) use in_backward::{ExternalUse, param_value};
 pub use in_backward::{
     InBackward, InBackwardError, InBackwardTraining, StepCounts, StepMemory, train_step,
+};
+pub use loss_scaling::{
+    LossScale, LossScaleConfig, LossScaleError, LossScaleRecord, LossScaled, MAX_LOSS_SCALE,
 };
 
 use burn::optim::grad_clipping::GradientClippingConfig;

@@ -15,6 +15,8 @@
 //! ([`InBackward::keep_state_per_parameter`]), and a checkpoint writes one record per parameter
 //! into `optim-N-parameters/<param id>.bpk`, one after the other: it adds one parameter's state.
 //! `optim-N.bpk` holds the rest (the parameters updated after backward), as burn-train writes it.
+//!
+//! A run with a [`LossScale`] keeps it in `loss-scale-N.json`.
 
 use std::path::{Path, PathBuf};
 
@@ -33,10 +35,12 @@ use burn::train::metric::LossMetric;
 use burn::train::metric::store::{Aggregate, Direction, EventStoreClient, Split};
 
 use super::InBackward;
+use crate::optim::{LossScale, LossScaleRecord};
 
 const MODEL: &str = "model";
 const OPTIMIZER: &str = "optim";
 const SCHEDULER: &str = "scheduler";
+const LOSS_SCALE: &str = "loss-scale";
 
 /// A run's checkpoint folder and the strategy that says which epochs it keeps.
 pub(super) struct Checkpoints {
@@ -72,8 +76,13 @@ impl Checkpoints {
         self.folder.join(format!("{OPTIMIZER}-{epoch}-parameters"))
     }
 
-    /// Saves `epoch` (with the optimizer state that `in_backward` keeps per parameter, if
-    /// given) and deletes the epochs the strategy lets go.
+    /// The file of `epoch`'s loss scale.
+    fn loss_scale_file(&self, epoch: usize) -> PathBuf {
+        self.folder.join(format!("{LOSS_SCALE}-{epoch}.json"))
+    }
+
+    /// Saves `epoch` (with the optimizer state that `in_backward` keeps per parameter and the
+    /// loss scale, if given) and deletes the epochs the strategy lets go.
     pub(super) fn checkpoint<M: Module>(
         &mut self,
         epoch: usize,
@@ -81,13 +90,19 @@ impl Checkpoints {
         model: &M,
         optimizer: &ModuleOptimizer,
         scheduler: &ModuleLrScheduler,
-        in_backward: Option<&InBackward>,
+        extras: RunExtras<'_>,
     ) -> Result<(), CheckpointerError> {
         for action in self.strategy.checkpointing(epoch, events) {
             match action {
                 CheckpointingAction::Save => {
-                    if let Some(in_backward) = in_backward {
+                    if let Some(in_backward) = extras.in_backward {
                         self.save_states_per_parameter(epoch, in_backward)?;
+                    }
+                    if let Some(scale) = extras.loss_scale {
+                        let json = serde_json::to_vec(&scale.to_record())
+                            .map_err(|error| CheckpointerError::Unknown(error.to_string()))?;
+                        std::fs::write(self.loss_scale_file(epoch), json)
+                            .map_err(CheckpointerError::IOError)?;
                     }
                     self.save(epoch, model, optimizer, scheduler)?;
                 }
@@ -164,7 +179,27 @@ impl Checkpoints {
         Checkpointer::<ModuleRecord>::delete(&self.file(MODEL), epoch)?;
         Checkpointer::<OptimizerRecord>::delete(&self.file(OPTIMIZER), epoch)?;
         Checkpointer::<LrSchedulerRecord>::delete(&self.file(SCHEDULER), epoch)?;
+        match std::fs::remove_file(self.loss_scale_file(epoch)) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                return Err(CheckpointerError::IOError(error));
+            }
+            _ => {}
+        }
         remove_folder(&self.states_per_parameter(epoch))
+    }
+
+    /// The loss scale of `epoch`.
+    pub(super) fn loss_scale(&self, epoch: usize) -> Result<LossScaleRecord, CheckpointerError> {
+        let path = self.loss_scale_file(epoch);
+        let unknown =
+            |reason: String| CheckpointerError::Unknown(format!("{}: {reason}", path.display()));
+        let json = std::fs::read(&path).map_err(|error| {
+            unknown(format!(
+                "{error}; the run scales its loss, and a checkpoint written without its scale \
+                 would resume at another"
+            ))
+        })?;
+        serde_json::from_slice(&json).map_err(|error| unknown(error.to_string()))
     }
 
     /// The model record of `epoch`.
@@ -195,17 +230,22 @@ impl Checkpoints {
     }
 
     /// Reads back every file of `epoch` but the model's, and drops what it read: the optimizer
-    /// and scheduler records and, with `per_parameter`, each parameter's optimizer state.
+    /// and scheduler records and, with `per_parameter`, each parameter's optimizer state, and
+    /// with `loss_scaled` the loss scale.
     pub(super) fn verify(
         &self,
         epoch: usize,
         per_parameter: bool,
+        loss_scaled: bool,
     ) -> Result<(), CheckpointerError> {
         self.optimizer_and_scheduler(epoch)?;
         if per_parameter {
             for record in self.states_per_parameter_records(epoch)? {
                 record?;
             }
+        }
+        if loss_scaled {
+            self.loss_scale(epoch)?;
         }
         Ok(())
     }
@@ -239,6 +279,15 @@ impl Checkpoints {
         });
         Ok(records)
     }
+}
+
+/// What a run keeps beside the model, optimizer and scheduler, when it has them.
+#[derive(Clone, Copy)]
+pub(super) struct RunExtras<'a> {
+    /// The handle whose per-parameter optimizer state is saved.
+    pub(super) in_backward: Option<&'a InBackward>,
+    /// The loss scale.
+    pub(super) loss_scale: Option<&'a LossScale>,
 }
 
 /// Removes `folder` and what it holds, if it is there.

@@ -14,9 +14,10 @@ use burn::train::{
     TrainStep, TrainingComponents, TrainingItem, ValidLoader,
 };
 
-use super::checkpoints::Checkpoints;
+use super::checkpoints::{Checkpoints, RunExtras};
 use super::{InBackward, InBackwardError};
 use crate::memory::MemoryMeter;
+use crate::optim::LossScale;
 
 /// What the training steps of a run held, in the units of the [`MemoryMeter`] given to
 /// [`InBackwardTraining::with_step_memory`]. Absolute readings: subtract what was live before
@@ -82,6 +83,7 @@ pub struct InBackwardTraining {
     checkpoints: Mutex<Option<Checkpoints>>,
     /// The handle the model routes through, whose optimizer state the run keeps per parameter.
     in_backward: Option<InBackward>,
+    loss_scale: Option<LossScale>,
     meter: Option<MemoryMeter>,
     memory: Mutex<Option<StepMemory>>,
 }
@@ -104,6 +106,7 @@ impl InBackwardTraining {
             owned: Mutex::new(Some((optimizer, scheduler.into()))),
             checkpoints: Mutex::default(),
             in_backward: None,
+            loss_scale: None,
             meter: None,
             memory: Mutex::default(),
         }
@@ -128,6 +131,13 @@ impl InBackwardTraining {
         self
     }
 
+    /// The scale of the model's losses (training in f16): checkpoints keep it, and a resume
+    /// continues from it.
+    pub fn with_loss_scale(mut self, loss_scale: LossScale) -> Self {
+        self.loss_scale = Some(loss_scale);
+        self
+    }
+
     /// Reads `meter` around every training step; [`Self::step_memory`] reports it.
     pub fn with_step_memory(mut self, meter: MemoryMeter) -> Self {
         self.meter = Some(meter);
@@ -136,9 +146,10 @@ impl InBackwardTraining {
 
     /// Reads back every file of `epoch`'s checkpoint in `folder` (as given to
     /// [`Self::with_checkpoints`]) but the model's, whose record only the model can check: the
-    /// optimizer and scheduler records and, with `per_parameter` (a run given
-    /// [`Self::with_in_backward`]), each parameter's optimizer state. A resume can then pick
-    /// the newest epoch that loads whole rather than fail inside the run.
+    /// optimizer and scheduler records, with `per_parameter` (a run given
+    /// [`Self::with_in_backward`]) each parameter's optimizer state, and with `loss_scaled` (a
+    /// run given [`Self::with_loss_scale`]) the loss scale. A resume can then pick the newest
+    /// epoch that loads whole rather than fail inside the run.
     ///
     /// # Errors
     /// The first file that is missing or does not decode.
@@ -146,8 +157,9 @@ impl InBackwardTraining {
         folder: impl Into<PathBuf>,
         epoch: usize,
         per_parameter: bool,
+        loss_scaled: bool,
     ) -> Result<(), CheckpointerError> {
-        Checkpoints::new(folder.into()).verify(epoch, per_parameter)
+        Checkpoints::new(folder.into()).verify(epoch, per_parameter, loss_scaled)
     }
 
     /// What the steps of the finished run held, if a meter was given.
@@ -249,6 +261,15 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
                 interrupter.fail(error);
                 return (model, event_processor);
             }
+            if let Some(scale) = &self.loss_scale {
+                match checkpoints.loss_scale(epoch) {
+                    Ok(record) => scale.load_record(record),
+                    Err(error) => {
+                        interrupter.fail(error);
+                        return (model, event_processor);
+                    }
+                }
+            }
         }
         if let (Some(epoch), Some(checkpoints)) = (checkpoint, &mut checkpoints)
             && let Err(error) = checkpoints.replay(epoch, &event_store)
@@ -326,7 +347,10 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
                             &model,
                             &optimizer,
                             &scheduler,
-                            self.in_backward.as_ref(),
+                            RunExtras {
+                                in_backward: self.in_backward.as_ref(),
+                                loss_scale: self.loss_scale.as_ref(),
+                            },
                         )
                     },
                     |memory, meter| {
