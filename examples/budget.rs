@@ -4,20 +4,23 @@
 //! ```text
 //! cargo run --release --example budget -- --model llama-1b --seq 2048              # every stack's pools
 //! cargo run --release --example budget -- --model llama-1b --stack memwall         # one stack, phase by phase
-//! cargo run --release --example budget -- --models 0.5b,1b,3b,7b,13b,34b,70b      # peaks by size, fp32 and bf16
+//! cargo run --release --example budget -- --models 0.5b,1b,3b,7b,13b,34b,70b      # peaks by size: f32, bf16 (masters, SR)
 //! cargo run --release --example budget -- --fit 6GiB --model llama-1b --seq 4096   # what fits, cheapest first
+//! cargo run --release --example budget -- --fit 4GiB --model llama-1b --seq 512 \
+//!     --precision bf16 --half-update stochastic-rounding --lora 16                 # a LoRA fine-tune in bf16
 //! ```
 //!
 //! Predictions, not measurements: the formulas are those of `burn_memwall_models::lm::step_budget`
 //! for Flex's heap or, with `--memory cube`, CubeCL's pools (both checked against measured steps
-//! in `tests/budget.rs`, the pools on lavapipe only). bf16 is predicted with every
-//! tensor in 2 bytes; the reference LM trains in f32 today.
+//! in `tests/budget.rs`, the pools on lavapipe only; half precision and LoRA on Flex only, in
+//! `tests/half_precision_training.rs` and `tests/budget.rs`).
 
 use burn::tensor::DType;
 use burn_memwall::memory::budget::{DeviceMemory, Pool};
 use burn_memwall::memory::{human_bytes, parse_bytes};
-use burn_memwall_models::lm::{LmConfig, StepShape, human_count};
-use burn_memwall_models::training::{Plan, find_stack};
+use burn_memwall::optim::HalfPrecisionUpdate;
+use burn_memwall_models::lm::{LmConfig, LoraConfig, StepShape, human_count};
+use burn_memwall_models::training::{Plan, Precision, find_stack};
 use clap::{Parser, ValueEnum};
 
 /// How the device holds a step's tensors.
@@ -38,37 +41,30 @@ impl Memory {
     }
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Precision {
-    F32,
-    Bf16,
-}
-
-impl Precision {
-    fn dtype(self) -> DType {
-        match self {
-            Self::F32 => DType::F32,
-            Self::Bf16 => DType::BF16,
-        }
-    }
-}
-
 #[derive(Parser, Debug)]
 #[command(about = "Predict the peak memory of a training step for each burn-memwall stack")]
 struct Args {
     /// A preset (tiny, small, gpt2-124m, llama-1b) or a size (0.5b, 1b, 3b, 7b, 13b, 34b, 70b).
     #[arg(long, default_value = "llama-1b")]
     model: String,
-    /// Several models: a table of peaks per stack, in fp32 and bf16.
+    /// Several models: a table of peaks per stack, in f32 and in bf16 with f32 masters and with
+    /// stochastic rounding.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["stack", "fit"])]
     models: Vec<String>,
     #[arg(long, default_value_t = 2048)]
     seq: usize,
     #[arg(long, default_value_t = 1)]
     batch: usize,
-    /// The float type of every tensor.
-    #[arg(long, value_enum, default_value = "f32")]
-    precision: Precision,
+    /// The float type of the weights, activations and gradients: f32, bf16 or f16 (as
+    /// `train --precision`; the optimizer's state is f32).
+    #[arg(long, default_value = "f32")]
+    precision: String,
+    /// How half-precision weights take their updates: masters or stochastic-rounding.
+    #[arg(long, default_value = "masters")]
+    half_update: String,
+    /// Train LoRA adapters of this rank on the blocks' linears, everything else frozen.
+    #[arg(long)]
+    lora: Option<usize>,
     /// How the device holds tensors: `flex` (the heap) or `cube` (wgpu, CUDA, ROCm pools).
     #[arg(long, value_enum, default_value = "flex")]
     memory: Memory,
@@ -93,19 +89,18 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         return sizes_table(&args);
     }
     let config = LmConfig::preset(&args.model)?;
-    let shape = StepShape {
-        batch: args.batch,
-        seq: args.seq,
-        float: args.precision.dtype(),
+    let precision = Precision::from_names(&args.precision, &args.half_update)?;
+    let plan = plan(&config, &args, precision)?;
+    let lora = match args.lora {
+        Some(rank) => format!(", LoRA rank {rank}"),
+        None => String::new(),
     };
-    let plan = Plan::new(&config, shape, args.memory.device_memory())?;
     println!(
-        "{} ({} parameters), seq {}, batch {}, {:?}, predicted for {:?}",
+        "{} ({} parameters), seq {}, batch {}, {precision:?}{lora}, predicted for {:?}",
         args.model,
         human_count(config.param_count()),
         args.seq,
         args.batch,
-        args.precision,
         args.memory
     );
     if let Memory::Cube = args.memory {
@@ -131,6 +126,25 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(available) => fitting(&args, &plan, available)?,
     }
     Ok(())
+}
+
+/// Every stack's predicted step of `config` in `precision`, with the shape, adapters and
+/// memory of `args`.
+fn plan(config: &LmConfig, args: &Args, precision: Precision) -> Result<Plan, String> {
+    let shape = StepShape::new(args.batch, args.seq, DType::from(precision.dtype()))
+        .with_lora_rank(args.lora);
+    if let Some(rank) = args.lora {
+        LoraConfig::new(rank, 2.0 * rank as f64)
+            .validate(config)
+            .map_err(|error| error.to_string())?;
+    }
+    Plan::new(
+        config,
+        shape,
+        precision.half_update(),
+        args.memory.device_memory(),
+    )
+    .map_err(|error| error.to_string())
 }
 
 /// Every stack's peak and what it is made of.
@@ -187,10 +201,20 @@ fn fitting(args: &Args, plan: &Plan, available: u64) -> Result<(), Box<dyn std::
         "{:<24} {:>11} {:>10}  train with",
         "stack", "peak", "step time"
     );
+    let mut extra = String::new();
+    if args.precision != "f32" {
+        extra += &format!(
+            " --precision {} --half-update {}",
+            args.precision, args.half_update
+        );
+    }
+    if let Some(rank) = args.lora {
+        extra += &format!(" --lora {rank}");
+    }
     for candidate in fitting {
         println!(
             "{:<24} {:>11} {:>9.2}×  cargo run --release --example train -- --model {} --seq {} \
-             --batch {} --stack {}",
+             --batch {} --stack {}{extra}",
             candidate.stack.name,
             human_bytes(candidate.peak),
             candidate.step_time,
@@ -211,14 +235,17 @@ fn sizes_table(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .map(|name| LmConfig::preset(name))
         .collect::<Result<Vec<_>, _>>()?;
-    for precision in [Precision::F32, Precision::Bf16] {
-        let shape = StepShape {
-            batch: args.batch,
-            seq: args.seq,
-            float: precision.dtype(),
+    for precision in [
+        Precision::F32,
+        Precision::Bf16(HalfPrecisionUpdate::Masters),
+        Precision::Bf16(HalfPrecisionUpdate::StochasticRounding),
+    ] {
+        let lora = match args.lora {
+            Some(rank) => format!(", LoRA rank {rank}"),
+            None => String::new(),
         };
         println!(
-            "\npredicted peak, {precision:?}, seq {}, batch {}, {:?}",
+            "\npredicted peak, {precision:?}{lora}, seq {}, batch {}, {:?}",
             args.seq, args.batch, args.memory
         );
         print!("{:<24}", "stack");
@@ -234,7 +261,7 @@ fn sizes_table(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             .iter()
             .map(|config| {
                 (args.seq <= config.max_seq_len)
-                    .then(|| Plan::new(config, shape, args.memory.device_memory()))
+                    .then(|| plan(config, args, precision))
                     .transpose()
             })
             .collect::<Result<_, _>>()?;

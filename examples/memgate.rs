@@ -32,6 +32,8 @@ static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 /// Marks the line a child process reports its row on.
 const ROW_PREFIX: &str = "memgate-row ";
+/// How a worker says that its stack's run is refused (e.g. LoRA on counter-coded linears).
+const REFUSED_PREFIX: &str = "memgate-refused ";
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Measure the peak memory of a training step for each burn-memwall stack")]
@@ -122,9 +124,17 @@ fn main() {
         }),
         None => run_all(&args),
     };
-    if let Err(error) = result {
-        eprintln!("error: {error}");
-        std::process::exit(1);
+    match result {
+        Ok(()) => {}
+        Err(error) => match error.downcast_ref::<burn_memwall_models::Error>() {
+            Some(burn_memwall_models::Error::InvalidConfig(why)) if args.worker.is_some() => {
+                println!("{REFUSED_PREFIX}{why}")
+            }
+            _ => {
+                eprintln!("error: {error}");
+                std::process::exit(1);
+            }
+        },
     }
 }
 
@@ -148,6 +158,13 @@ fn run_all(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let row = stdout
             .lines()
             .find_map(|line| line.strip_prefix(ROW_PREFIX));
+        if let Some(why) = stdout
+            .lines()
+            .find_map(|line| line.strip_prefix(REFUSED_PREFIX))
+        {
+            eprintln!("stack `{stack}` skipped: {why}");
+            continue;
+        }
         let stderr = String::from_utf8_lossy(&output.stderr);
         match (output.status.success(), row) {
             (true, Some(row)) => rows.push(serde_json::from_str::<Row>(row)?),
@@ -293,12 +310,12 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
         &device,
     )?;
     let pools = measured.pools;
-    // The budget models f32 weights that all train.
-    let modelled = precision == Precision::F32 && args.lora.is_none();
-    let shape = StepShape::f32(args.batch, args.seq);
-    let predicted_peak_bytes = modelled
-        .then(|| step_budget(&config, &optimizer.plan(), shape, DeviceMemory::of(&device)).ok())
-        .flatten()
+    let shape =
+        StepShape::new(args.batch, args.seq, precision.dtype().into()).with_lora_rank(args.lora);
+    let plan = optimizer.plan(precision.half_update());
+    // None where the budget does not model the stack on this device.
+    let predicted_peak_bytes = step_budget(&config, &plan, shape, DeviceMemory::of(&device))
+        .ok()
         .map(|budget| budget.peak());
     Ok(Row {
         stack: name.to_owned(),

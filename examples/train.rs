@@ -25,7 +25,7 @@ use burn_memwall_models::lm::{
 };
 use burn_memwall_models::pretrained::Pretrained;
 use burn_memwall_models::training::{
-    Artifacts, LossCurve, NamedSwitches, Plan, Precision, RunConfig, Start, Switches,
+    Artifacts, Candidate, LossCurve, NamedSwitches, Plan, Precision, RunConfig, Start, Switches,
     TrainingConfig, find_stack, train,
 };
 use clap::{Parser, ValueEnum};
@@ -255,7 +255,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let stack = match args.fit {
         None => find_stack(&args.stack)?,
-        Some(available) => fit_stack(&model, &args, &device, available)?,
+        Some(available) => fit_stack(&model, &args, precision, &device, available)?,
     };
     let mut switches = stack.switches;
     if let Some(attention) = args.attention {
@@ -520,20 +520,40 @@ fn keep_the_function(
     Ok(())
 }
 
-/// The cheapest stack whose predicted step fits in `available` bytes, said with why.
+/// The cheapest stack whose predicted step fits in `available` bytes, said with why. From a
+/// checkpoint, only the stacks that keep its blocks and linears.
 fn fit_stack(
     model: &LmConfig,
     args: &Args,
+    precision: Precision,
     device: &Device,
     available: u64,
 ) -> Result<NamedSwitches, Box<dyn std::error::Error>> {
+    let shape =
+        StepShape::new(args.batch, args.seq, precision.dtype().into()).with_lora_rank(args.lora);
     let plan = Plan::new(
         model,
-        StepShape::f32(args.batch, args.seq),
+        shape,
+        precision.half_update(),
         DeviceMemory::of(device),
     )?;
-    let fitting = plan.fitting(available)?;
-    let chosen = fitting[0];
+    let keeps_the_model = |candidate: &&Candidate| {
+        args.from.is_none()
+            || (candidate.stack.switches.blocks == model.blocks
+                && candidate.stack.switches.linear == model.linear)
+    };
+    let fitting: Vec<&Candidate> = plan
+        .fitting(available)?
+        .into_iter()
+        .filter(keeps_the_model)
+        .collect();
+    let Some(&chosen) = fitting.first() else {
+        return Err(format!(
+            "no stack that keeps the checkpoint's blocks and linears fits in {}",
+            human_bytes(available)
+        )
+        .into());
+    };
     println!(
         "--fit {}: stack {}, the cheapest in step time ({:.2}× baseline's) of the {} stacks \
          whose predicted peak on {} fits; predicted peak {} (at the {})",

@@ -9,10 +9,10 @@ use burn_memwall::memory::budget::{DeviceMemory, ParameterCensus, Term};
 use burn_memwall::memory::human_bytes;
 use burn_memwall_models::data::{DEFAULT_CORPUS, TextTokenizer};
 use burn_memwall_models::lm::{
-    AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, PRESETS, StepShape, parameter_census,
-    saved_activations,
+    AttentionKind, BlockKind, LinearKind, LmConfig, LoraConfig, LossKind, PRESETS, StepShape,
+    parameter_census, saved_activations,
 };
-use burn_memwall_models::training::{Plan, StepOptimizer};
+use burn_memwall_models::training::{Plan, Precision, StepOptimizer};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -67,26 +67,42 @@ fn windows(seq: usize) -> Vec<Vec<u32>> {
     tokens.chunks_exact(seq + 1).map(<[u32]>::to_vec).collect()
 }
 
-/// For every stack, on `tiny` and `small` at
-/// two sequence lengths, the predicted peak of a training step is the measured one (Flex).
-#[test]
-fn the_step_peak_is_predicted_for_every_stack() {
-    let _turn = common::take_turn(); // peak readings are process-wide
-    let device = Device::flex();
-    let mut comparison = Comparison::new(PEAK_TOLERANCE);
+/// How far a predicted step peak may be in half precision or with LoRA (issue 18's bound is
+/// 10%). In bf16, Flex multiplies in f32 and the budget adds the f32 copies of each phase's
+/// largest matmul only; with LoRA, the adapters' small backward temporaries are not listed.
+/// Rows here read ×0.94–1.07; leaving out the f32 matmul copies moves `small`'s bf16 rows to
+/// ×0.91, the f32 masters ×0.93, the frozen norms' unsaved `x / rms` `small`'s LoRA rows past
+/// ×1.08.
+const HALF_AND_LORA_TOLERANCE: f64 = 0.07;
+
+/// Every stack the budget models in `precision(seq)` with LoRA adapters of `lora_rank`, on
+/// `tiny` and `small` at two sequence lengths: predicted against measured peaks on `device`
+/// (Flex, in that precision).
+fn compare_step_peaks(
+    comparison: &mut Comparison,
+    device: &Device,
+    precision: impl Fn(usize) -> Precision,
+    lora_rank: Option<usize>,
+) {
     for model in ["tiny", "small"] {
         for seq in [64, 256] {
             let windows = windows(seq);
             let base = LmConfig::preset(model).unwrap();
-            let plan = Plan::new(&base, StepShape::f32(2, seq), DeviceMemory::Heap).unwrap();
+            let precision = precision(seq);
+            let shape = StepShape::new(2, seq, precision.dtype().into()).with_lora_rank(lora_rank);
+            let plan =
+                Plan::new(&base, shape, precision.half_update(), DeviceMemory::Heap).unwrap();
             for candidate in &plan.candidates {
                 let mut config = base.clone();
                 let optimizer = candidate.stack.switches.apply(&mut config);
-                let measured = common::measure_steps(&config, optimizer, &windows, 2, 2, &device)
+                let training = common::step_training(optimizer, 2)
+                    .with_precision(precision)
+                    .with_lora(lora_rank.map(|rank| LoraConfig::new(rank, 2.0 * rank as f64)));
+                let measured = common::measure_run(&config, training, &windows, 2, device)
                     .pools
                     .peak;
                 let label = format!(
-                    "{model} seq {seq} {} (peak at {})",
+                    "{model} seq {seq} {precision:?} LoRA {lora_rank:?} {} (peak at {})",
                     candidate.stack.name,
                     candidate.budget.peak_phase().name
                 );
@@ -94,6 +110,78 @@ fn the_step_peak_is_predicted_for_every_stack() {
             }
         }
     }
+}
+
+/// For every stack, on `tiny` and `small` at
+/// two sequence lengths, the predicted peak of a training step is the measured one (Flex).
+#[test]
+fn the_step_peak_is_predicted_for_every_stack() {
+    let _turn = common::take_turn(); // peak readings are process-wide
+    let mut comparison = Comparison::new(PEAK_TOLERANCE);
+    compare_step_peaks(&mut comparison, &Device::flex(), |_| Precision::F32, None);
+    comparison.assert_all_within_tolerance();
+}
+
+/// With LoRA adapters (rank 4) on every stack whose linears are dense, the predicted peak is
+/// the measured one (Flex): the base frozen, no weight gradients but the adapters'.
+#[test]
+fn the_step_peak_is_predicted_with_lora() {
+    let _turn = common::take_turn(); // peak readings are process-wide
+    let mut comparison = Comparison::new(HALF_AND_LORA_TOLERANCE);
+    compare_step_peaks(
+        &mut comparison,
+        &Device::flex(),
+        |_| Precision::F32,
+        Some(4),
+    );
+    comparison.assert_all_within_tolerance();
+}
+
+/// The float type [`measure_half_precision_peaks`] runs in.
+const PRECISION_VARIABLE: &str = "BUDGET_TEST_PRECISION";
+
+/// In bf16 (f32 masters at seq 64, stochastic rounding at 256) the predicted peak is the
+/// measured one (Flex). Burn fixes a device's float type once per process: the bf16 steps are
+/// this binary run again. (f16 is refused: its native matmul on Flex is not modelled.)
+#[test]
+fn the_step_peak_is_predicted_in_half_precision() {
+    let _turn = common::take_turn(); // the child's output is read here
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "measure_half_precision_peaks",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(PRECISION_VARIABLE, "bf16")
+        .output()
+        .expect("the test binary runs again");
+    assert!(
+        output.status.success(),
+        "bf16:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    eprint!("{}", String::from_utf8_lossy(&output.stderr));
+}
+
+#[test]
+#[ignore = "a child process of the_step_peak_is_predicted_in_half_precision"]
+fn measure_half_precision_peaks() {
+    let float = std::env::var(PRECISION_VARIABLE).expect("run by the half-precision test");
+    let precision = |seq: usize| {
+        let update = if seq == 64 {
+            "masters"
+        } else {
+            "stochastic-rounding"
+        };
+        Precision::from_names(&float, update).unwrap()
+    };
+    let device = burn_memwall::DeviceChoice::Flex
+        .device_in(precision(64).dtype())
+        .unwrap();
+    let mut comparison = Comparison::new(HALF_AND_LORA_TOLERANCE);
+    compare_step_peaks(&mut comparison, &device, precision, None);
     comparison.assert_all_within_tolerance();
 }
 
@@ -180,12 +268,43 @@ fn the_parameters_are_counted_from_the_config_as_from_the_model() {
                     census
                 };
                 assert_eq!(
-                    sorted(parameter_census(&config, DType::F32)),
+                    sorted(parameter_census(&config, DType::F32, None)),
                     sorted(ParameterCensus::of(&model, DType::F32)),
                     "{name}, tied {tied}, {linear:?}"
                 );
             }
         }
+    }
+    // With LoRA the base is frozen and the adapters' factors train.
+    for tied in [true, false] {
+        let config = LmConfig::preset("tiny").unwrap().with_tie_embeddings(tied);
+        let model = config
+            .init(&device)
+            .unwrap()
+            .with_lora(&LoraConfig::new(4, 8.0));
+        // A parameter not drawn yet cannot say whether it is frozen: draw them all.
+        struct Draw;
+        impl burn::module::ModuleVisitor for Draw {
+            fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
+                param.val();
+            }
+        }
+        model.visit(&mut Draw);
+        let sorted = |mut census: ParameterCensus| {
+            census.trained.sort_unstable();
+            census
+        };
+        let census = sorted(parameter_census(&config, DType::F32, Some(4)));
+        assert_eq!(
+            census.trained.len(),
+            2 * 7 * config.n_layers,
+            "two factors per linear"
+        );
+        assert_eq!(
+            census,
+            sorted(ParameterCensus::of(&model, DType::F32)),
+            "LoRA, tied {tied}"
+        );
     }
 }
 
@@ -213,7 +332,7 @@ fn what_is_not_modelled_is_refused_rather_than_mispredicted() {
 fn the_planner_picks_the_cheapest_stack_that_fits() {
     let _turn = common::take_turn(); // its allocations would count in the heap readings
     let config = LmConfig::preset("small").unwrap();
-    let plan = Plan::new(&config, StepShape::f32(2, 256), DeviceMemory::Heap).unwrap();
+    let plan = Plan::new(&config, StepShape::f32(2, 256), None, DeviceMemory::Heap).unwrap();
     let everything = plan.fitting(u64::MAX).unwrap();
     assert_eq!(everything.len(), plan.candidates.len());
     let times: Vec<f64> = everything.iter().map(|c| c.step_time).collect();
@@ -245,7 +364,7 @@ fn a_sequence_over_the_context_is_refused() {
     let _turn = common::take_turn(); // its allocations would count in the heap readings
     let config = LmConfig::preset("tiny").unwrap();
     let seq = config.max_seq_len + 1;
-    let error = Plan::new(&config, StepShape::f32(1, seq), DeviceMemory::Heap)
+    let error = Plan::new(&config, StepShape::f32(1, seq), None, DeviceMemory::Heap)
         .unwrap_err()
         .to_string();
     assert!(error.contains(&format!("sequence length {seq}")), "{error}");
@@ -321,7 +440,7 @@ mod cube_pools {
             let optimizer = find_stack(stack).unwrap().switches.apply(&mut config);
             let budget = step_budget(
                 &config,
-                &optimizer.plan(),
+                &optimizer.plan(None),
                 StepShape::f32(2, seq),
                 DeviceMemory::Pools,
             )

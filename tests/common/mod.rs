@@ -149,12 +149,37 @@ pub fn measure_steps(
     steps: usize,
     device: &Device,
 ) -> burn_memwall_models::training::StepMeasurement {
-    use burn_memwall_models::training::{RunConfig, TrainingConfig, measure_training_steps};
-    let training = TrainingConfig::new()
+    measure_run(
+        config,
+        step_training(optimizer, batch),
+        windows,
+        steps,
+        device,
+    )
+}
+
+/// How [`measure_steps`] trains: `batch` windows per step, learning rate 1e-3, seed 7.
+pub fn step_training(
+    optimizer: burn_memwall_models::training::StepOptimizer,
+    batch: usize,
+) -> burn_memwall_models::training::TrainingConfig {
+    burn_memwall_models::training::TrainingConfig::new()
         .with_batch_size(batch)
         .with_learning_rate(1e-3)
         .with_optimizer(optimizer)
-        .with_seed(7);
+        .with_seed(7)
+}
+
+/// `steps` training steps of `config` trained as `training` says, measured as memgate
+/// measures them.
+pub fn measure_run(
+    config: &burn_memwall_models::lm::LmConfig,
+    training: burn_memwall_models::training::TrainingConfig,
+    windows: &[Vec<u32>],
+    steps: usize,
+    device: &Device,
+) -> burn_memwall_models::training::StepMeasurement {
+    use burn_memwall_models::training::{RunConfig, measure_training_steps};
     measure_training_steps(
         &RunConfig::new(config.clone(), training),
         windows,

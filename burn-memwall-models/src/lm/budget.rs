@@ -109,9 +109,32 @@ impl Coding {
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for counter codes and ternary linears on pools, whose kernels'
-    /// buffers are not modelled, and for a coded head read by Burn's loss, which no stack uses.
-    fn modelled(config: &LmConfig, memory: DeviceMemory) -> Result<Self, Error> {
+    /// buffers are not modelled, or in half precision or with LoRA; for half precision and
+    /// LoRA on pools (measured on Flex only); and for a coded head read by Burn's loss, which
+    /// no stack uses.
+    fn modelled(config: &LmConfig, shape: StepShape, memory: DeviceMemory) -> Result<Self, Error> {
         let coding = Self::of(config);
+        let (half, lora) = (shape.float.size() == 2, shape.lora_rank.is_some());
+        if shape.float == DType::F16 {
+            // Flex's f16 matmul is native, and its `small` steps peak up to 11% under the bf16
+            // formulas: not modelled yet.
+            return Err(Error::InvalidConfig(
+                "the memory budget models bf16, not f16 yet".into(),
+            ));
+        }
+        if (half || lora) && memory != DeviceMemory::Heap {
+            return Err(Error::InvalidConfig(
+                "the memory budget models half precision and LoRA on Flex only, not on Cube \
+                 devices' pools"
+                    .into(),
+            ));
+        }
+        if (coding.blocks || coding.ternary) && (half || lora) {
+            return Err(Error::InvalidConfig(
+                "the memory budget models counter and ternary linears in f32 without LoRA only"
+                    .into(),
+            ));
+        }
         if (coding.blocks || coding.ternary) && memory != DeviceMemory::Heap {
             return Err(Error::InvalidConfig(
                 "the memory budget models counter and ternary linears on Flex only, not on \
@@ -168,6 +191,10 @@ struct Dims {
     layers: u64,
     /// Bytes of one float.
     float: u64,
+    /// The floats are half precision: each RMSNorm takes its mean square in f32.
+    half: bool,
+    /// The rank of the blocks' LoRA adapters, when only they train.
+    lora_rank: Option<u64>,
 }
 
 impl Dims {
@@ -184,6 +211,47 @@ impl Dims {
             vocab: config.vocab_size as u64,
             layers: config.n_layers as u64,
             float: shape.float.size() as u64,
+            half: shape.float.size() == 2,
+            lora_rank: shape.lora_rank.map(|rank| rank as u64),
+        }
+    }
+
+    /// Whether the norms' scales, the token table and the head train: all but the adapters are
+    /// frozen in a LoRA run.
+    fn base_trains(&self) -> bool {
+        self.lora_rank.is_none()
+    }
+
+    /// What one RMSNorm keeps besides its output (which the ops reading it keep): its input,
+    /// `x / rms` for its scale's gradient (not when the scale is frozen), an f32 copy of the
+    /// input in half precision (the mean square is taken in f32; in f32 the cast is the input
+    /// itself), and two `[T]` columns.
+    fn norm_saved(&self) -> [Tensors; 3] {
+        [
+            self.td(1 + u64::from(self.base_trains())),
+            Tensors::new(u64::from(self.half), 4 * self.tokens * self.d),
+            self.columns(2),
+        ]
+    }
+
+    /// What the formulas written for f32 and every weight trained read differently here.
+    fn formula_note(&self) -> String {
+        let mut note = String::new();
+        if self.half {
+            note += "; floats of 2 bytes, and each norm's input in f32 (+4·T·d)";
+        }
+        if self.lora_rank.is_some() {
+            note += "; LoRA: frozen norms keep no x / rms, + T·r per adapted linear";
+        }
+        note
+    }
+
+    /// `count` `[T, rank]` tensors: what `count` LoRA-adapted linears keep besides their input
+    /// (`x·A`, for `B`'s gradient); none without LoRA.
+    fn adapter_products(&self, count: u64) -> Tensors {
+        match self.lora_rank {
+            Some(rank) => self.floats(count, self.tokens * rank),
+            None => Tensors::new(0, 0),
         }
     }
 
@@ -272,29 +340,45 @@ fn standard_layer(
         (false, false) => 0,
     };
     let bool_bytes = memory.bool_bytes();
-    let after_attention = vec![
-        dims.td(4),
-        dims.columns(2),
-        dims.tf(mlp_saved_tensors(config)),
-    ];
+    let mlp_matrices = config.mlp_matrices() as u64;
+    // An adapted linear adds two matmuls, a scaling and a sum to the graph.
+    let adapter_ops = match dims.lora_rank {
+        Some(_) => 4 * linears,
+        None => 0,
+    };
+    let norm = dims.norm_saved();
+    // The output projection's input, the MLP's norm and output, the MLP's own.
+    let after_attention = [dims.td(1)]
+        .into_iter()
+        .chain(norm)
+        .chain([
+            dims.td(1),
+            dims.tf(mlp_saved_tensors(config)),
+            dims.adapter_products(1 + mlp_matrices),
+        ])
+        .collect();
     match config.attention {
         AttentionKind::Burn => LayerSaved {
-            // x, x / rms, the norm's output, q, and k and v repeated to every query head.
-            attention: vec![
-                dims.td(6),
-                dims.columns(2),
-                Tensors::new(1, bool_bytes * dims.seq * dims.seq),
-                dims.scores(3),
-                dims.rows(1, dims.float),
-                dims.rows(1, 4),
-                dims.rows(2, bool_bytes),
-            ],
+            // The norm's, its output, q, and k and v repeated to every query head.
+            attention: norm
+                .into_iter()
+                .chain([
+                    dims.td(4),
+                    dims.adapter_products(3),
+                    Tensors::new(1, bool_bytes * dims.seq * dims.seq),
+                    dims.scores(3),
+                    dims.rows(1, dims.float),
+                    dims.rows(1, 4),
+                    dims.rows(2, bool_bytes),
+                ])
+                .collect(),
             after_attention,
             formula: "4·(10·T·d + c·T·d_ff + 3·B·H·S² + B·H·S + 4·T) + (4 + 2b)·B·H·S + b·S²",
             // Norms 2 × 7, q and k 13 each, v 4, attention 12, output 4, MLP 9, residuals 2;
             // repeating grouped heads 3 each for k and v.
             ops: 71
                 + coded_ops
+                + adapter_ops
                 + if config.n_kv_heads < config.n_heads {
                     6
                 } else {
@@ -302,17 +386,21 @@ fn standard_layer(
                 },
         },
         AttentionKind::Flash => LayerSaved {
-            // x, x / rms, the norm's output, q and the attention's output; k and v.
-            attention: vec![
-                dims.td(5),
-                dims.columns(2),
-                dims.td_kv(2),
-                Tensors::new(1, bool_bytes * dims.batch * dims.seq),
-                dims.rows(1, dims.float),
-            ],
+            // The norm's, its output, q and the attention's output; k and v; the log-sum-exp
+            // (f32).
+            attention: norm
+                .into_iter()
+                .chain([
+                    dims.td(3),
+                    dims.td_kv(2),
+                    dims.adapter_products(3),
+                    Tensors::new(1, bool_bytes * dims.batch * dims.seq),
+                    dims.rows(1, 4),
+                ])
+                .collect(),
             after_attention,
             formula: "4·(9·T·d + 2·T·d_kv + c·T·d_ff + B·H·S + 4·T) + b·B·S",
-            ops: 60 + coded_ops,
+            ops: 60 + coded_ops + adapter_ops,
         },
     }
 }
@@ -324,18 +412,34 @@ pub struct StepShape {
     pub batch: usize,
     /// Tokens per sequence.
     pub seq: usize,
-    /// The float type of the weights, activations, gradients and optimizer state (the budget
-    /// is measured in f32, the type the reference LM trains in today).
+    /// The float type of the weights, activations and gradients: f32, or bf16 or f16 (the
+    /// optimizer's state is f32 whatever the weights, `OptimizerPlan::half_precision`).
     pub float: DType,
+    /// The rank of LoRA adapters on the blocks' linears, when only they train (`lm::LoraConfig`).
+    pub lora_rank: Option<usize>,
 }
 
 impl StepShape {
-    /// `batch` sequences of `seq` tokens in f32.
-    pub fn f32(batch: usize, seq: usize) -> Self {
+    /// `batch` sequences of `seq` tokens in `float`, every weight trained.
+    pub fn new(batch: usize, seq: usize, float: DType) -> Self {
         Self {
             batch,
             seq,
-            float: DType::F32,
+            float,
+            lora_rank: None,
+        }
+    }
+
+    /// `batch` sequences of `seq` tokens in f32.
+    pub fn f32(batch: usize, seq: usize) -> Self {
+        Self::new(batch, seq, DType::F32)
+    }
+
+    /// Only LoRA adapters of `rank` on the blocks' linears train, when `rank` is some.
+    pub fn with_lora_rank(self, rank: Option<usize>) -> Self {
+        Self {
+            lora_rank: rank,
+            ..self
         }
     }
 }
@@ -353,11 +457,15 @@ pub fn saved_activations(
     routed: bool,
     memory: DeviceMemory,
 ) -> Result<Vec<Term>, Error> {
-    let coding = Coding::modelled(config, memory)?;
+    let coding = Coding::modelled(config, shape, memory)?;
     let dims = Dims::new(config, shape);
     let layers = dims.layers;
-    // The block weights an in-backward hook routes: the coded ones update themselves.
-    let block_params = coding.trained_block_weights(config).count() as u64;
+    // The block weights an in-backward hook routes: the coded ones update themselves; with
+    // LoRA, each adapter's two factors.
+    let block_params = match shape.lora_rank {
+        Some(_) => 2 * (4 + config.mlp_matrices()) as u64,
+        None => coding.trained_block_weights(config).count() as u64,
+    };
     let mut terms = Vec::new();
     // What the graph's host-side bookkeeping adds, on a device whose memory holds it.
     let mut host = Vec::new();
@@ -367,13 +475,18 @@ pub fn saved_activations(
             let layer = standard_layer(config, coding, shape, memory);
             terms.push(Term::of(
                 Pool::SavedActivations,
-                format!("{} layers, per layer: {}", config.n_layers, layer.formula),
+                format!(
+                    "{} layers, per layer: {}{}",
+                    config.n_layers,
+                    layer.formula,
+                    dims.formula_note()
+                ),
                 (0..layers).flat_map(|_| layer.tensors()),
             ));
             terms.push(Term::of(
                 Pool::SavedActivations,
                 "final norm: input, x / rms, 2 columns: 4·(2·T·d + 2·T)",
-                [dims.td(2), dims.columns(2)],
+                dims.norm_saved(),
             ));
             ops += layers * layer.ops;
         }
@@ -381,11 +494,16 @@ pub fn saved_activations(
             terms.push(Term::of(
                 Pool::SavedActivations,
                 "reversible chain output [T, 2d], stream mean, final norm: 4·(4·T·d + 2·T)",
-                [
-                    dims.floats(1, 2 * dims.tokens * dims.d),
-                    dims.td(2),
-                    dims.columns(2),
-                ],
+                [dims.floats(1, 2 * dims.tokens * dims.d)]
+                    .into_iter()
+                    .chain(dims.norm_saved()),
+            ));
+            // Half-precision chains keep every block's input rather than rebuild it
+            // (`lm::reversible`: each inversion would lose a rounding).
+            terms.push(Term::of(
+                Pool::SavedActivations,
+                "half precision: every block's input [T, 2d] kept",
+                [dims.floats(u64::from(dims.half) * layers, 2 * dims.tokens * dims.d)],
             ));
             host.push(Term::new(
                 Pool::Backend,
@@ -401,10 +519,10 @@ pub fn saved_activations(
             let tied_copy = config.tie_embeddings && memory.copies_transposed_operands();
             terms.push(Term::of(
                 Pool::SavedActivations,
-                "Burn's loss: hidden, logits − max, a column (+ the tied head's transposed \
-                 copy on Flex): 4·(T·d + T·V + T + 1) + 4·V·d if tied",
+                "Burn's loss: hidden (when the head trains), logits − max, a column (+ the tied \
+                 head's transposed copy on Flex): 4·(T·d + T·V + T + 1) + 4·V·d if tied",
                 [
-                    dims.td(1),
+                    dims.td(u64::from(dims.base_trains())),
                     dims.floats(1, dims.tokens * dims.vocab),
                     dims.columns(1),
                     dims.floats(1, 1),
@@ -416,8 +534,13 @@ pub fn saved_activations(
         (LossKind::Fused, false) => {
             terms.push(Term::of(
                 Pool::SavedActivations,
-                "fused loss: d_hidden and d_weight, computed in forward: 4·(T·d + V·d + 1)",
-                [dims.td(1), dims.vd(1), dims.floats(1, 1)],
+                "fused loss: d_hidden and d_weight (when the head trains), computed in \
+                 forward: 4·(T·d + V·d + 1)",
+                [
+                    dims.td(1),
+                    dims.vd(u64::from(dims.base_trains())),
+                    dims.floats(1, 1),
+                ],
             ));
             ops += 10;
         }
@@ -440,10 +563,12 @@ pub fn saved_activations(
     }
     if routed {
         // One graph hook per parameter read outside the blocks: the embedding, the final norm
-        // and the head (the final norm only when the table and head are coded).
-        ops += match coding.table {
-            true => 1,
-            false => 3,
+        // and the head (the final norm only when the table and head are coded; none when
+        // they are frozen).
+        ops += match (coding.table, dims.base_trains()) {
+            (_, false) => 0,
+            (true, true) => 1,
+            (false, true) => 3,
         };
         match config.blocks {
             // And one per parameter read inside each standard block.
@@ -473,29 +598,42 @@ pub fn saved_activations(
 /// The parameters `config` builds, counted from its shapes without building it: what
 /// [`ParameterCensus::of`] reads from the model (so a 70B config costs nothing to count), the
 /// trained ones in the order the forward reads them: the token table, each block's, the final
-/// norm, an untied head. Counter codes are counted as parameters that do not train.
-pub fn parameter_census(config: &LmConfig, float: DType) -> ParameterCensus {
+/// norm, an untied head. Counter codes are counted as parameters that do not train. With
+/// LoRA adapters of `lora_rank`, every weight of `config` is frozen and each block linear's
+/// factors `A` `[d_in, rank]` and `B` `[rank, d_out]` train.
+pub fn parameter_census(
+    config: &LmConfig,
+    float: DType,
+    lora_rank: Option<usize>,
+) -> ParameterCensus {
     let (coding, float) = (Coding::of(config), float.size() as u64);
     let (vocab, d) = (config.vocab_size, config.d_model);
+    let base_trains = lora_rank.is_none();
     let mut census = ParameterCensus::default();
-    let table = |census: &mut ParameterCensus| match coding.table {
-        true => census.untrained_bytes += coded_bytes(vocab, d),
-        false => census.trained.push(float * (vocab * d) as u64),
+    let mut add = |bytes: u64, trains: bool| match trains {
+        true => census.trained.push(bytes),
+        false => census.untrained_bytes += bytes,
     };
-    table(&mut census);
+    let table = match coding.table {
+        true => (coded_bytes(vocab, d), false),
+        false => (float * (vocab * d) as u64, base_trains),
+    };
+    add(table.0, table.1);
     for _ in 0..config.n_layers {
         for weight in config.block_weights() {
             match (weight, coding.blocks) {
-                (BlockWeight::Matrix { d_out, d_in }, true) => {
-                    census.untrained_bytes += coded_bytes(d_out, d_in)
-                }
-                _ => census.trained.push(float * weight.elements() as u64),
+                (BlockWeight::Matrix { d_out, d_in }, true) => add(coded_bytes(d_out, d_in), false),
+                _ => add(float * weight.elements() as u64, base_trains),
+            }
+            if let (BlockWeight::Matrix { d_out, d_in }, Some(rank)) = (weight, lora_rank) {
+                add(float * (d_in * rank) as u64, true);
+                add(float * (rank * d_out) as u64, true);
             }
         }
     }
-    census.trained.push(float * d as u64);
+    add(float * d as u64, base_trains);
     if !config.tie_embeddings {
-        table(&mut census);
+        add(table.0, table.1);
     }
     census
 }
@@ -554,8 +692,14 @@ pub fn step_budget(
             max_seq_len: config.max_seq_len,
         });
     }
-    let coding = Coding::modelled(config, memory)?;
-    let census = parameter_census(config, shape.float);
+    let coding = Coding::modelled(config, shape, memory)?;
+    if optimizer.half_precision.is_some() != (shape.float.size() == 2) {
+        return Err(Error::InvalidConfig(format!(
+            "the optimizer plan's weights ({:?}) are not the step's {:?}",
+            optimizer.half_precision, shape.float
+        )));
+    }
+    let census = parameter_census(config, shape.float, shape.lora_rank);
     let after = optimizer.timing == UpdateTiming::AfterBackward;
     let saved = saved_activations(config, shape, !after, memory)?;
     let dims = Dims::new(config, shape);
@@ -570,18 +714,79 @@ pub fn step_budget(
         ..
     } = dims;
     let copies = memory.output_copies();
+    // Flex multiplies bf16 matrices in f32 (burn-flex's `matmul_bf16`): a matmul holds f32
+    // copies of both operands and makes its output in f32 before rounding it. The phases list
+    // each output as made in the float type (2 bytes, `copies` times); in f32 it is 4 bytes
+    // more per element. Each phase that runs matmuls adds its largest's, `[lhs, rhs, out]` in
+    // elements.
+    let converts = memory == DeviceMemory::Heap && shape.float == DType::BF16;
+    let f32_matmul = |what: &str, matmuls: &[[u64; 3]]| {
+        let bytes = |[lhs, rhs, out]: [u64; 3]| 4 * (lhs + rhs + out);
+        let largest = matmuls.iter().copied().map(bytes).max().unwrap_or(0);
+        Term::new(
+            Pool::Workspace,
+            format!("Flex's bf16 matmul in f32 ({what}): both operands and the output"),
+            u64::from(converts) * largest,
+        )
+    };
+    // The input's and, when the weight trains, the weight's gradient of a `[d_in] → [d_out]`
+    // linear.
+    let linear_backward = |d_in: u64, d_out: u64| {
+        let input = [tokens * d_out, d_in * d_out, tokens * d_in];
+        let weight_batches = weight_gradient_batches(batch, seq, d_out);
+        let weight = [tokens * d_out, tokens * d_in, weight_batches * d_in * d_out];
+        match dims.base_trains() {
+            true => vec![input, weight],
+            false => vec![input],
+        }
+    };
     let graph = |ops: u64| match memory.holds_the_graph() {
         true => ops * GRAPH_BYTES_PER_OP,
         false => 0,
     };
     let fd = dims.floats(1, d_ff * d).bytes;
     let mlp_matrices = config.mlp_matrices() as u64;
-    // The trained weights of one block.
-    let block: Vec<Tensors> = coding
-        .trained_block_weights(config)
-        .map(|weight| dims.floats(1, weight.elements() as u64))
+    let base_trains = dims.base_trains();
+    // The trained weights of one block: with LoRA, its adapters' factors.
+    let block: Vec<Tensors> = match shape.lora_rank {
+        Some(rank) => config
+            .block_weights()
+            .into_iter()
+            .filter_map(|weight| match weight {
+                // A and B together (the budget places them on Flex's heap only).
+                BlockWeight::Matrix { d_out, d_in } => {
+                    Some(dims.floats(1, (rank * (d_in + d_out)) as u64))
+                }
+                BlockWeight::Norm(_) => None,
+            })
+            .collect(),
+        None => coding
+            .trained_block_weights(config)
+            .map(|weight| dims.floats(1, weight.elements() as u64))
+            .collect(),
+    };
+    // The gradients of the MLP's and the output projection's weights (after backward, before
+    // the attention's backward).
+    let (mlp_gradients, output_projection_gradient) = match shape.lora_rank {
+        Some(rank) => (
+            dims.floats(mlp_matrices, (rank as u64) * (d + d_ff)),
+            dims.floats(1, 2 * rank as u64 * d),
+        ),
+        None => (Tensors::new(mlp_matrices, fd), dims.floats(1, d * d)),
+    };
+    // The attention's matmuls: the projections' backward, and Burn's attention's scores.
+    let attention_matmuls: Vec<[u64; 3]> = linear_backward(d, d)
+        .into_iter()
+        .chain(match config.attention {
+            AttentionKind::Burn => Some([tokens * d, tokens * d, batch * dims.heads * seq * seq]),
+            AttentionKind::Flash => None,
+        })
         .collect();
+    // Half precision: a rebuilt norm's f32 copy of its input.
+    let norm_f32_copy = Tensors::new(u64::from(dims.half), 4 * tokens * d);
     let tied = config.tie_embeddings;
+    // The token table and the head are dense weights that train.
+    let table_trains = !coding.table && base_trains;
 
     let rope_tables = match config.blocks {
         BlockKind::Standard => 1,
@@ -624,14 +829,17 @@ pub fn step_budget(
     let workspace = |what: String, tensors: Vec<Tensors>| Term::of(Pool::Workspace, what, tensors);
     // The gradients of a dense head, the final norm and the blocks after block `l`.
     let gradients_after = |l: u64| {
-        [dims.vd(u64::from(!coding.table)), dims.floats(1, d)]
-            .into_iter()
-            .chain((l + 1..layers).flat_map(|_| block.iter().copied()))
+        [
+            dims.vd(u64::from(table_trains)),
+            dims.floats(u64::from(base_trains), d),
+        ]
+        .into_iter()
+        .chain((l + 1..layers).flat_map(|_| block.iter().copied()))
     };
     // The gradients alive when backward reaches block `l`: the head's and final norm's, and
     // every later block's (after backward); in backward only the tied table's head share,
     // which waits for the embedding's.
-    let gradients_at = |l: u64| match (after, tied && !coding.table) {
+    let gradients_at = |l: u64| match (after, tied && table_trains) {
         (true, _) => Term::of(
             Pool::Gradients,
             format!("head, final norm and {} later block(s)", layers - 1 - l),
@@ -661,6 +869,9 @@ pub fn step_budget(
     };
     // The down projection's backward: the MLP-input gradient and the weight's share.
     let down_backward = match (coding.blocks, coding.ternary) {
+        // A frozen dense weight with LoRA: no weight gradient; the adapter's share of the input
+        // gradient (made first: its ops are newer) beside the weight's share as it is made.
+        (false, false) if !base_trains => vec![dims.tf(1), dims.tf(copies)],
         // Dense: the input gradient, and the weight gradient made per batch or the input
         // gradient's second copy, whichever is larger.
         (false, false) => {
@@ -720,6 +931,8 @@ pub fn step_budget(
             let first_only = u64::from(chunk == tokens);
             let chunk_output =
                 match logits.bytes + copies * dims.vd(1).bytes >= copies * logits.bytes {
+                    // A frozen head takes no weight-gradient share.
+                    _ if !base_trains => vec![Tensors::new(copies, logits.bytes)],
                     true => vec![logits, dims.vd(copies - first_only)],
                     false => vec![
                         Tensors::new(copies - 1, logits.bytes),
@@ -737,6 +950,10 @@ pub fn step_budget(
                     .chain(chunk_output)
                     .collect(),
             ));
+            terms.push(f32_matmul(
+                "a chunk's logits",
+                &[[chunk * d, vocab * d, chunk * vocab]],
+            ));
             phases.push(phase("fused loss, forward", terms));
         }
         (LossKind::Burn, _) => {
@@ -750,6 +967,8 @@ pub fn step_budget(
             // A matmul by the table broadcast over the batch: its gradient is one
             // [B, d, vocab] tensor, summed after.
             let weight_gradient = match (tied, memory) {
+                // A frozen head takes no gradient.
+                _ if !base_trains => Vec::new(),
                 // Held twice at its creation, less the table's transposed copy, freed first.
                 (true, DeviceMemory::Heap) => vec![
                     Tensors::new(1, batch * vd),
@@ -764,6 +983,7 @@ pub fn step_budget(
                 "hidden-state gradient, the head's weight gradient made per batch".into(),
                 [dims.td(1)].into_iter().chain(weight_gradient).collect(),
             ));
+            terms.push(f32_matmul("the head's", &linear_backward(d, vocab)));
             phases.push(phase("head backward", terms));
         }
     }
@@ -801,6 +1021,10 @@ pub fn step_budget(
                         .chain(down_backward.iter().copied())
                         .collect(),
                 ));
+                terms.push(f32_matmul(
+                    "the down projection's",
+                    &linear_backward(d_ff, d),
+                ));
                 phase("MLP backward", terms)
             }));
             phases.push(worst_block(&|l| {
@@ -815,7 +1039,7 @@ pub fn step_budget(
                     terms.push(Term::of(
                         Pool::Gradients,
                         format!("block {l}'s MLP and output projection"),
-                        [Tensors::new(mlp_matrices, fd), dims.floats(1, d * d)],
+                        [mlp_gradients, output_projection_gradient],
                     ));
                 }
                 let op = match config.attention {
@@ -830,6 +1054,7 @@ pub fn step_budget(
                     ),
                     [dims.td(2)].into_iter().chain(op).collect(),
                 ));
+                terms.push(f32_matmul("the attention's", &attention_matmuls));
                 phase("attention backward", terms)
             }));
         }
@@ -841,8 +1066,17 @@ pub fn step_budget(
                 .filter(|term| term.pool == Pool::Backend)
                 .cloned()
                 .collect();
+            // In half precision, the inputs kept for blocks 0..=b.
+            let anchors = |b: u64| {
+                Term::of(
+                    Pool::SavedActivations,
+                    format!("the inputs kept for blocks 0..={b}"),
+                    [dims.floats(u64::from(dims.half) * (b + 1), 2 * tokens * d)],
+                )
+            };
             phases.push(worst_block(&|b| {
                 let mut terms = chain.clone();
+                terms.push(anchors(b));
                 terms.push(gradients_at(b));
                 terms.push(workspace(
                     format!(
@@ -852,19 +1086,24 @@ pub fn step_budget(
                     [dims.td(8), dims.tf(mlp_saved_tensors(config))]
                         .into_iter()
                         .chain(down_backward.iter().copied())
-                        .chain([dims.columns(2)])
+                        .chain([dims.columns(2), norm_f32_copy])
                         .collect(),
+                ));
+                terms.push(f32_matmul(
+                    "the down projection's",
+                    &linear_backward(d_ff, d),
                 ));
                 phase("MLP recompute", terms)
             }));
             phases.push(worst_block(&|b| {
                 let mut terms = chain.clone();
+                terms.push(anchors(b));
                 terms.push(gradients_at(b));
                 if after && !coding.blocks {
                     terms.push(Term::of(
                         Pool::Gradients,
                         format!("block {b}'s MLP"),
-                        [Tensors::new(mlp_matrices, fd)],
+                        [mlp_gradients],
                     ));
                 }
                 let attention = match config.attention {
@@ -879,28 +1118,37 @@ pub fn step_budget(
                     }
                 };
                 // A coded output projection updates itself a block of rows at a time.
-                let output_projection = dims.floats(u64::from(!coding.blocks), d * d);
+                let output_projection = match coding.blocks {
+                    true => Tensors::new(0, 0),
+                    false => output_projection_gradient,
+                };
                 terms.push(workspace(
                     format!(
                         "block {b}: the walk's state, the attention rebuilt and its backward, \
                          a dense output projection's gradient"
                     ),
-                    attention.into_iter().chain([output_projection]).collect(),
+                    attention
+                        .into_iter()
+                        .chain([output_projection, norm_f32_copy])
+                        .collect(),
                 ));
+                terms.push(f32_matmul("the attention's", &attention_matmuls));
                 phase("attention recompute", terms)
             }));
         }
     }
     // The head's share holds a dense tied table's gradient, which the embedding's adds to.
-    let kept: Vec<Tensors> = match (after, tied && !coding.table) {
+    let kept: Vec<Tensors> = match (after, tied && table_trains) {
         (true, _) => gradients_after(0).chain(block.iter().copied()).collect(),
         (false, true) => vec![dims.vd(1)],
         (false, false) => Vec::new(),
     };
     let embedding = match coding.table {
         false => workspace(
-            "the embedding's output gradient and its zeroed [vocab, d] gradient".into(),
-            vec![dims.td(1), dims.vd(copies)],
+            "the embedding's output gradient and its zeroed [vocab, d] gradient (none when \
+             frozen)"
+                .into(),
+            vec![dims.td(1), dims.vd(copies * u64::from(base_trains))],
         ),
         // A coded table updates itself a zeroed block of rows at a time.
         true => workspace(

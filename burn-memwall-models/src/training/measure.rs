@@ -47,6 +47,7 @@ pub fn measure_training_steps(
     steps: usize,
     device: &Device,
 ) -> Result<StepMeasurement, Error> {
+    run.validate()?;
     run.check_device(device)?;
     let config = &run.model;
     let TrainingConfig {
@@ -89,7 +90,10 @@ pub fn measure_training_steps(
         .with_loss_scale(loss_scale.clone());
     let sizes = initialize_parameters(&model);
     // Gradients of the trained parameters: all at once after backward, or one at a time in it.
-    let gradient_bytes = optimizer.plan().gradients(&sizes).bytes();
+    let gradient_bytes = optimizer
+        .plan(precision.half_update())
+        .gradients(&sizes)
+        .bytes();
     let mut optimizer = optimizer.init(weight_decay, precision, seed, loss_scale.as_ref());
     let parameter_bytes = sizes.bytes();
 

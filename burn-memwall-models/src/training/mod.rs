@@ -38,7 +38,7 @@ use crate::Error;
 use crate::checkpoint::{save_safetensors, write_atomically};
 use crate::data::{Corpus, CorpusIdentity, LmBatcher, TokenWindows};
 use crate::llama::save_llama;
-use crate::lm::{LanguageModel, LmConfig, LoraConfig, save_adapters};
+use crate::lm::{LanguageModel, LinearKind, LmConfig, LoraConfig, save_adapters};
 use crate::pretrained::Pretrained;
 
 /// How to train: everything but the model shape and the data.
@@ -180,6 +180,17 @@ impl RunConfig {
         self.training.validate()?;
         if let Some(lora) = &self.training.lora {
             lora.validate(&self.model)?;
+        }
+        if self.training.precision.half_update().is_some()
+            && matches!(
+                self.model.linear,
+                LinearKind::Counter | LinearKind::CounterAll
+            )
+        {
+            return Err(Error::InvalidConfig(
+                "counter-coded linears train in f32 only: their codes decode and update in f32"
+                    .into(),
+            ));
         }
         if let Some(dir) = &self.base {
             let base = Pretrained::open(dir)?.config()?;

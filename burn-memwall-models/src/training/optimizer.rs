@@ -125,7 +125,8 @@ impl StepOptimizer {
     /// parameter-sized temporary per update (element-wise ops run in place on unique tensors,
     /// docs/memory-model/peak-phases.md, M9); its SGD without momentum and the fused updates
     /// need no temporary. Only the fused updates write into the parameter's own buffer.
-    pub fn plan(self) -> OptimizerPlan {
+    /// Half-precision weights run the update in f32 on copies ([`Precision::half_update`]).
+    pub fn plan(self, half_precision: Option<HalfPrecisionUpdate>) -> OptimizerPlan {
         let (moments, update_temporaries) = match self {
             Self::AdamW | Self::InBackwardAdamW => (2, 1),
             Self::InBackwardFusedAdamW => (2, 0),
@@ -141,6 +142,7 @@ impl StepOptimizer {
             timing,
             update_temporaries,
             in_place: matches!(self, Self::InBackwardFusedAdamW | Self::InBackwardFusedSgd),
+            half_precision,
         }
     }
 

@@ -2,6 +2,7 @@
 
 use burn_memwall::memory::budget::{Budget, DeviceMemory};
 use burn_memwall::memory::human_bytes;
+use burn_memwall::optim::HalfPrecisionUpdate;
 
 use crate::Error;
 use crate::lm::{LmConfig, StepShape, step_budget};
@@ -58,11 +59,17 @@ pub struct Plan {
 
 impl Plan {
     /// Predicts every stack of [`every_stack`] for `config` (its switches are each stack's) on
-    /// steps of `shape`, on a device that holds tensors as `memory` does.
+    /// steps of `shape`, its half-precision weights updated as `half_precision` says, on a
+    /// device that holds tensors as `memory` does.
     ///
     /// # Errors
     /// [`Error::SequenceTooLong`] when `shape.seq` is over the model's context.
-    pub fn new(config: &LmConfig, shape: StepShape, memory: DeviceMemory) -> Result<Self, Error> {
+    pub fn new(
+        config: &LmConfig,
+        shape: StepShape,
+        half_precision: Option<HalfPrecisionUpdate>,
+        memory: DeviceMemory,
+    ) -> Result<Self, Error> {
         let (mut candidates, mut not_modelled) = (Vec::new(), Vec::new());
         for stack in every_stack() {
             let Some(&(_, step_time)) = STEP_TIME.iter().find(|(name, _)| *name == stack.name)
@@ -72,7 +79,8 @@ impl Plan {
             };
             let mut config = config.clone();
             let optimizer = stack.switches.apply(&mut config);
-            let budget = match step_budget(&config, &optimizer.plan(), shape, memory) {
+            let budget = match step_budget(&config, &optimizer.plan(half_precision), shape, memory)
+            {
                 Ok(budget) => budget,
                 // The parts whose memory is not modelled (on this device).
                 Err(Error::InvalidConfig(_)) => {

@@ -13,6 +13,7 @@ use burn::prelude::*;
 use burn::tensor::DType;
 
 use super::human_bytes;
+use crate::optim::HalfPrecisionUpdate;
 
 /// Where a term's bytes belong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -490,18 +491,40 @@ pub struct OptimizerPlan {
     /// Whether the update writes into the parameter's own buffer (the fused updates of
     /// [`crate::optim`]) rather than a new one (Burn's optimizers).
     pub in_place: bool,
+    /// How half-precision (2-byte) weights take their updates; `None` for f32 weights. The
+    /// update runs in f32 either way ([`crate::optim::MasterWeights`],
+    /// [`crate::optim::StochasticRounding`]), so the moments are f32 whatever the weights.
+    pub half_precision: Option<HalfPrecisionUpdate>,
 }
 
 impl OptimizerPlan {
-    /// The moments of every trained parameter, kept between steps.
+    /// Bytes of the f32 copy of a trained parameter of `bytes`.
+    fn in_f32(&self, bytes: u64) -> u64 {
+        match self.half_precision {
+            Some(_) => 2 * bytes,
+            None => bytes,
+        }
+    }
+
+    /// The moments of every trained parameter, and its f32 master copy when the half-precision
+    /// weights keep one, kept between steps.
     pub fn state(&self, census: &ParameterCensus) -> Term {
+        let masters = u64::from(self.half_precision == Some(HalfPrecisionUpdate::Masters));
         Term::of(
             Pool::OptimizerState,
-            format!("{} moment(s) × the trained parameters", self.moments),
+            format!(
+                "{} moment(s){} in f32 × the trained parameters",
+                self.moments,
+                if masters == 1 {
+                    " and a master copy"
+                } else {
+                    ""
+                }
+            ),
             census
                 .trained
                 .iter()
-                .map(|&bytes| Tensors::new(self.moments, bytes)),
+                .map(|&bytes| Tensors::new(self.moments + masters, self.in_f32(bytes))),
         )
     }
 
@@ -522,18 +545,29 @@ impl OptimizerPlan {
         }
     }
 
-    /// The temporaries of the largest parameter's update.
+    /// The temporaries of the largest parameter's update. Half-precision weights add the f32
+    /// copies the update runs on (the gradient's; with stochastic rounding, the weight's too,
+    /// as masters keep theirs) and the new half-precision weight, made while the old one is
+    /// alive. An f16 run's unscaled gradient is that f32 copy of the gradient.
     pub fn update_temporaries(&self, census: &ParameterCensus) -> Term {
+        let largest = census.largest_trained_bytes();
+        let f32_copies = match self.half_precision {
+            None => 0,
+            Some(HalfPrecisionUpdate::Masters) => 1,
+            Some(HalfPrecisionUpdate::StochasticRounding) => 2,
+        };
+        let new_weight = u64::from(self.half_precision.is_some());
         Term::of(
             Pool::UpdateTemporaries,
             format!(
-                "{} × the largest trained parameter, for its update",
+                "{} × the largest trained parameter (in f32), for its update; {f32_copies} f32 \
+                 copies and {new_weight} new weight for half precision",
                 self.update_temporaries
             ),
-            [Tensors::new(
-                self.update_temporaries,
-                census.largest_trained_bytes(),
-            )],
+            [
+                Tensors::new(self.update_temporaries + f32_copies, self.in_f32(largest)),
+                Tensors::new(new_weight, largest),
+            ],
         )
     }
 
@@ -617,6 +651,7 @@ mod tests {
             timing,
             update_temporaries: 1,
             in_place,
+            half_precision: None,
         }
     }
 
@@ -629,6 +664,24 @@ mod tests {
         assert_eq!(after.update_temporaries(&census).bytes(), 300);
         let during = plan(UpdateTiming::InBackward, false);
         assert_eq!(during.gradients(&census).bytes(), 300);
+    }
+
+    /// Half-precision weights (2 bytes per element here) keep f32 moments, and masters an f32
+    /// copy; their update adds f32 copies of the gradient (and the weight) and the new weight.
+    #[test]
+    fn half_precision_state_and_updates_are_f32() {
+        let census = census();
+        let half = |update| OptimizerPlan {
+            half_precision: Some(update),
+            ..plan(UpdateTiming::AfterBackward, false)
+        };
+        let masters = half(HalfPrecisionUpdate::Masters);
+        assert_eq!(masters.state(&census).bytes(), 3 * 1600);
+        assert_eq!(masters.gradients(&census).bytes(), 800);
+        assert_eq!(masters.update_temporaries(&census).bytes(), 2 * 600 + 300);
+        let rounded = half(HalfPrecisionUpdate::StochasticRounding);
+        assert_eq!(rounded.state(&census).bytes(), 2 * 1600);
+        assert_eq!(rounded.update_temporaries(&census).bytes(), 3 * 600 + 300);
     }
 
     #[test]

@@ -64,6 +64,13 @@ impl<B: FusedLinearCrossEntropyBackend, C: CheckpointStrategy> FusedLinearCrossE
         targets: IntTensor<Self>,
         plan: LossPlan,
     ) -> FloatTensor<Self> {
+        // Only the inputs that take a gradient get one: a frozen head (LoRA) needs no
+        // `[vocab, d]` weight gradient.
+        let wanted = Wanted {
+            hidden: hidden.is_tracked(),
+            weight: weight.is_tracked(),
+            bias: bias.is_tracked(),
+        };
         // A placeholder bias is a constant: no node of its own, so no gradient is computed for it.
         let nodes = [hidden.node(), weight.node(), bias.node()];
         let inputs = Inputs {
@@ -80,11 +87,6 @@ impl<B: FusedLinearCrossEntropyBackend, C: CheckpointStrategy> FusedLinearCrossE
         {
             OpsKind::Tracked(prep) => match plan.gradients {
                 GradientPass::DuringForward => {
-                    let wanted = Wanted {
-                        hidden: true,
-                        weight: true,
-                        bias: true,
-                    };
                     let (loss, gradients) = chunked::loss_and_gradients(&inputs, &plan, wanted);
                     prep.finish(Saved::Gradients(gradients), loss)
                 }
