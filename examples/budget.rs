@@ -23,6 +23,10 @@ use burn_memwall_models::lm::{LmConfig, LoraConfig, StepShape, human_count};
 use burn_memwall_models::training::{Plan, Precision, find_stack};
 use clap::{Parser, ValueEnum};
 
+#[path = "cli/weights.rs"]
+mod weights;
+use weights::WeightArgs;
+
 /// How the device holds a step's tensors.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Memory {
@@ -55,16 +59,8 @@ struct Args {
     seq: usize,
     #[arg(long, default_value_t = 1)]
     batch: usize,
-    /// The float type of the weights, activations and gradients: f32, bf16 or f16 (as
-    /// `train --precision`; the optimizer's state is f32).
-    #[arg(long, default_value = "f32")]
-    precision: String,
-    /// How half-precision weights take their updates: masters or stochastic-rounding.
-    #[arg(long, default_value = "masters")]
-    half_update: String,
-    /// Train LoRA adapters of this rank on the blocks' linears, everything else frozen.
-    #[arg(long)]
-    lora: Option<usize>,
+    #[command(flatten)]
+    weights: WeightArgs,
     /// How the device holds tensors: `flex` (the heap) or `cube` (wgpu, CUDA, ROCm pools).
     #[arg(long, value_enum, default_value = "flex")]
     memory: Memory,
@@ -89,18 +85,15 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         return sizes_table(&args);
     }
     let config = LmConfig::preset(&args.model)?;
-    let precision = Precision::from_names(&args.precision, &args.half_update)?;
+    let precision = args.weights.precision()?;
     let plan = plan(&config, &args, precision)?;
-    let lora = match args.lora {
-        Some(rank) => format!(", LoRA rank {rank}"),
-        None => String::new(),
-    };
     println!(
-        "{} ({} parameters), seq {}, batch {}, {precision:?}{lora}, predicted for {:?}",
+        "{} ({} parameters), seq {}, batch {}, {precision:?}{}, predicted for {:?}",
         args.model,
         human_count(config.param_count()),
         args.seq,
         args.batch,
+        lora_heading(&args.weights),
         args.memory
     );
     if let Memory::Cube = args.memory {
@@ -132,8 +125,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 /// memory of `args`.
 fn plan(config: &LmConfig, args: &Args, precision: Precision) -> Result<Plan, String> {
     let shape = StepShape::new(args.batch, args.seq, DType::from(precision.dtype()))
-        .with_lora_rank(args.lora);
-    if let Some(rank) = args.lora {
+        .with_lora_rank(args.weights.lora);
+    if let Some(rank) = args.weights.lora {
         LoraConfig::new(rank, 2.0 * rank as f64)
             .validate(config)
             .map_err(|error| error.to_string())?;
@@ -201,14 +194,16 @@ fn fitting(args: &Args, plan: &Plan, available: u64) -> Result<(), Box<dyn std::
         "{:<24} {:>11} {:>10}  train with",
         "stack", "peak", "step time"
     );
+    // The weights' flags as `train` takes them.
+    let weights = &args.weights;
     let mut extra = String::new();
-    if args.precision != "f32" {
+    if weights.precision != "f32" {
         extra += &format!(
             " --precision {} --half-update {}",
-            args.precision, args.half_update
+            weights.precision, weights.half_update
         );
     }
-    if let Some(rank) = args.lora {
+    if let Some(rank) = weights.lora {
         extra += &format!(" --lora {rank}");
     }
     for candidate in fitting {
@@ -240,13 +235,12 @@ fn sizes_table(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         Precision::Bf16(HalfPrecisionUpdate::Masters),
         Precision::Bf16(HalfPrecisionUpdate::StochasticRounding),
     ] {
-        let lora = match args.lora {
-            Some(rank) => format!(", LoRA rank {rank}"),
-            None => String::new(),
-        };
         println!(
-            "\npredicted peak, {precision:?}{lora}, seq {}, batch {}, {:?}",
-            args.seq, args.batch, args.memory
+            "\npredicted peak, {precision:?}{}, seq {}, batch {}, {:?}",
+            lora_heading(&args.weights),
+            args.seq,
+            args.batch,
+            args.memory
         );
         print!("{:<24}", "stack");
         for (name, config) in args.models.iter().zip(&configs) {
@@ -288,4 +282,12 @@ fn sizes_table(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
+}
+
+/// ", LoRA rank R" when adapters train, for headings.
+fn lora_heading(weights: &WeightArgs) -> String {
+    match weights.lora {
+        Some(rank) => format!(", LoRA rank {rank}"),
+        None => String::new(),
+    }
 }

@@ -20,12 +20,16 @@ use burn_memwall::memory::{CountingAllocator, human_bytes};
 use burn_memwall_models::data::{TextTokenizer, load_text};
 use burn_memwall_models::lm::{LmConfig, LoraConfig, StepShape, human_count, step_budget};
 use burn_memwall_models::training::{
-    Precision, RunConfig, TrainingConfig, every_stack, find_stack, measure_training_steps,
+    RunConfig, TrainingConfig, every_stack, find_stack, measure_training_steps,
 };
 use clap::Parser;
+
+#[path = "cli/weights.rs"]
+mod weights;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use weights::WeightArgs;
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -62,16 +66,9 @@ struct Args {
     /// gives the head its own weight).
     #[arg(long)]
     tie_embeddings: Option<bool>,
-    /// The float type of the weights and activations: f32 or bf16 (as `train --precision`).
-    #[arg(long, default_value = "f32")]
-    precision: String,
-    /// How bf16 weights take their updates: masters or stochastic-rounding.
-    #[arg(long, default_value = "masters")]
-    half_update: String,
-    /// Train LoRA adapters of this rank (alpha 2 × rank) on the blocks' linears, everything
-    /// else frozen.
-    #[arg(long)]
-    lora: Option<usize>,
+    /// The weights' precision and LoRA (adapters' alpha: 2 × rank).
+    #[command(flatten)]
+    weights: WeightArgs,
     /// Stacks to run (default: all).
     #[arg(long, value_delimiter = ',')]
     stacks: Vec<String>,
@@ -279,7 +276,7 @@ fn print_table(rows: &[Row], unfit: &[Unfit]) {
 /// Measures `args.steps` training steps of `stack` in this process.
 fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>> {
     let stack = find_stack(name)?;
-    let precision = Precision::from_names(&args.precision, &args.half_update)?;
+    let precision = args.weights.precision()?;
     let device = DeviceChoice::from_arg_or_env(Some(&args.device))?.device_in(precision.dtype())?;
     let mut config = LmConfig::preset(&args.model)?;
     let optimizer = stack.switches.apply(&mut config);
@@ -293,6 +290,7 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
         .map(<[u32]>::to_vec)
         .collect();
     let lora = args
+        .weights
         .lora
         .map(|rank| LoraConfig::new(rank, 2.0 * rank as f64));
     let training = TrainingConfig::new()
@@ -310,8 +308,8 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
         &device,
     )?;
     let pools = measured.pools;
-    let shape =
-        StepShape::new(args.batch, args.seq, precision.dtype().into()).with_lora_rank(args.lora);
+    let shape = StepShape::new(args.batch, args.seq, precision.dtype().into())
+        .with_lora_rank(args.weights.lora);
     let plan = optimizer.plan(precision.half_update());
     // None where the budget does not model the stack on this device.
     let predicted_peak_bytes = step_budget(&config, &plan, shape, DeviceMemory::of(&device))
@@ -326,7 +324,7 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
         batch: args.batch,
         steps: args.steps,
         precision: format!("{precision:?}"),
-        lora_rank: args.lora,
+        lora_rank: args.weights.lora,
         peak_bytes: pools.peak,
         persistent_bytes: pools.persistent(),
         parameter_bytes: pools.parameters,

@@ -30,6 +30,10 @@ use burn_memwall_models::training::{
 };
 use clap::{Parser, ValueEnum};
 
+#[path = "cli/weights.rs"]
+mod weights;
+use weights::WeightArgs;
+
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
@@ -93,10 +97,6 @@ struct Args {
     /// also exports one (`llama/` in --artifacts).
     #[arg(long, conflicts_with_all = ["model", "tokenizer", "tokenizer_file", "vocab", "fit"])]
     from: Option<PathBuf>,
-    /// Train LoRA adapters of this rank on the blocks' linears, everything else frozen; the
-    /// adapters are exported alone too (adapters.safetensors).
-    #[arg(long)]
-    lora: Option<usize>,
     /// LoRA's alpha: the adapters' product is scaled by alpha / rank (default 2 × rank).
     #[arg(long, requires = "lora")]
     lora_alpha: Option<f64>,
@@ -127,15 +127,9 @@ struct Args {
     /// auto, flex, wgpu, vulkan, metal, webgpu, cuda, rocm or cpu.
     #[arg(long, env = "BURN_DEVICE", default_value = "auto")]
     device: String,
-    /// The float type of the weights and activations: f32, bf16 or f16 (half the bytes; the
-    /// optimizer steps in f32, its state in f32). f16 trains with a dynamic loss scale, since
-    /// its range would flush gradients to zero; bf16 has f32's range.
-    #[arg(long, default_value = "f32", conflicts_with = "fit")]
-    precision: String,
-    /// How bf16 or f16 weights take their updates: `masters` (an f32 master copy of each, 4
-    /// more bytes per weight) or `stochastic-rounding` (of the weight itself, no copy).
-    #[arg(long, default_value = "masters")]
-    half_update: String,
+    /// The weights' precision, and LoRA adapters (exported alone too, adapters.safetensors).
+    #[command(flatten)]
+    weights: WeightArgs,
     /// UTF-8 text to train on (default: the corpus embedded in the binary).
     #[arg(long)]
     data: Option<PathBuf>,
@@ -208,7 +202,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         return list_models();
     }
     let choice = DeviceChoice::from_arg_or_env(Some(&args.device))?;
-    let precision = Precision::from_names(&args.precision, &args.half_update)?;
+    let precision = args.weights.precision()?;
     // SAFETY: only the arguments have been read; no thread has started.
     let device = unsafe { choice.start_as_default_in(precision.dtype()) }?;
     let text = load_text(args.data.as_deref())?;
@@ -288,7 +282,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         keep_the_function(&mut switches, base, &args)?;
     }
     let optimizer = switches.apply(&mut model);
-    let lora = args.lora.map(|rank| {
+    let lora = args.weights.lora.map(|rank| {
         let alpha = args.lora_alpha.unwrap_or(2.0 * rank as f64);
         LoraConfig::new(rank, alpha)
     });
@@ -529,8 +523,8 @@ fn fit_stack(
     device: &Device,
     available: u64,
 ) -> Result<NamedSwitches, Box<dyn std::error::Error>> {
-    let shape =
-        StepShape::new(args.batch, args.seq, precision.dtype().into()).with_lora_rank(args.lora);
+    let shape = StepShape::new(args.batch, args.seq, precision.dtype().into())
+        .with_lora_rank(args.weights.lora);
     let plan = Plan::new(
         model,
         shape,
