@@ -115,13 +115,6 @@ impl Coding {
     fn modelled(config: &LmConfig, shape: StepShape, memory: DeviceMemory) -> Result<Self, Error> {
         let coding = Self::of(config);
         let (half, lora) = (shape.float.size() == 2, shape.lora_rank.is_some());
-        if shape.float == DType::F16 {
-            // Flex's f16 matmul is native, and its `small` steps peak up to 11% under the bf16
-            // formulas: not modelled yet.
-            return Err(Error::InvalidConfig(
-                "the memory budget models bf16, not f16 yet".into(),
-            ));
-        }
         if (half || lora) && memory != DeviceMemory::Heap {
             return Err(Error::InvalidConfig(
                 "the memory budget models half precision and LoRA on Flex only, not on Cube \
