@@ -20,8 +20,8 @@ use burn_memwall::memory::budget::DeviceMemory;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes, parse_bytes};
 use burn_memwall_models::data::{Corpus, TextTokenizer, load_text, split_text};
 use burn_memwall_models::lm::{
-    AttentionKind, BlockKind, LinearKind, LmConfig, LoraConfig, LossKind, PRESETS, StepShape,
-    human_count,
+    AttentionKind, BlockKind, LinearKind, LmConfig, LoraConfig, LossKind, PRESETS, SaverKind,
+    StepShape, human_count,
 };
 use burn_memwall_models::pretrained::Pretrained;
 use burn_memwall_models::training::{
@@ -85,6 +85,15 @@ enum LossArg {
     Fused,
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum SaversArg {
+    /// Burn's autodiff of the composed norm and MLP activation.
+    None,
+    /// burn-memwall's norm, SwiGLU and ReLU² ops: the same values and gradients, keeping for
+    /// the backward pass only what it reads.
+    Exact,
+}
+
 #[derive(Parser, Debug)]
 #[command(about = "Train the burn-memwall reference LM through Burn's Learner")]
 struct Args {
@@ -101,7 +110,8 @@ struct Args {
     #[arg(long, requires = "lora")]
     lora_alpha: Option<f64>,
     /// The set of switches to train with: baseline (Burn's own path), memwall (flash attention,
-    /// fused loss, full-width reversible blocks, FusedAdamW in backward), memwall-sgd (SGD in
+    /// fused loss, full-width reversible blocks, saving norm and MLP ops, FusedAdamW in backward),
+    /// memwall-sgd (SGD in
     /// backward), memwall-counter (every matrix a counter code), or any single-part stack that
     /// memgate measures (flash+fused, all-fused, …). The flags below override single parts.
     #[arg(long, default_value = "memwall")]
@@ -109,7 +119,7 @@ struct Args {
     /// Pick the stack by the memory budget: the cheapest in step time whose predicted peak
     /// fits in this much memory (e.g. 6GiB, 8GB), or stop with the smallest that would work.
     /// Flex only so far.
-    #[arg(long, value_parser = parse_bytes, conflicts_with_all = ["stack", "attention", "blocks", "linear", "loss"])]
+    #[arg(long, value_parser = parse_bytes, conflicts_with_all = ["stack", "attention", "blocks", "linear", "loss", "savers"])]
     fit: Option<u64>,
     /// Attention implementation; both train the same weights.
     #[arg(long, value_enum)]
@@ -124,6 +134,10 @@ struct Args {
     /// Loss implementation; both train the same weights to the same loss.
     #[arg(long, value_enum)]
     loss: Option<LossArg>,
+    /// What the norms and the MLP's activation keep for backward; both train the same weights
+    /// to the same loss.
+    #[arg(long, value_enum)]
+    savers: Option<SaversArg>,
     /// auto, flex, wgpu, vulkan, metal, webgpu, cuda, rocm or cpu.
     #[arg(long, env = "BURN_DEVICE", default_value = "auto")]
     device: String,
@@ -276,6 +290,12 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         switches.loss = match loss {
             LossArg::Burn => LossKind::Burn,
             LossArg::Fused => LossKind::Fused,
+        };
+    }
+    if let Some(savers) = args.savers {
+        switches.savers = match savers {
+            SaversArg::None => SaverKind::Burn,
+            SaversArg::Exact => SaverKind::Exact,
         };
     }
     if let Some(base) = &base_config {

@@ -203,7 +203,8 @@ fn a_fine_tune_that_would_change_the_model_is_refused() {
     };
     let error = refused(&|config| config.model.blocks = BlockKind::Reversible);
     assert!(
-        error.contains("but for attention and loss (blocks: \"Standard\" → \"Reversible\")"),
+        error
+            .contains("but for attention, loss and savers (blocks: \"Standard\" → \"Reversible\")"),
         "{error}"
     );
     let error = refused(&|config| config.model.d_ff = 64);

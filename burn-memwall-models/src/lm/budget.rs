@@ -42,7 +42,7 @@ use burn_memwall::ops::fused_linear_cross_entropy::FusedCrossEntropyOptions;
 use burn_memwall::ops::packed_matmul::block_rows;
 
 use super::config::BlockWeight;
-use super::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, MlpKind};
+use super::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, MlpKind, SaverKind};
 
 use crate::Error;
 
@@ -52,6 +52,15 @@ use crate::Error;
 /// and the heap held 241 KB more over its 377 ops; the same figure then predicts every other
 /// stack's `fwd saved` in memgate within 0.5% (tiny and small, seq 64 and 256).
 pub const GRAPH_BYTES_PER_OP: u64 = 640;
+
+/// Graph ops Burn's autodiff registers for one composed RMSNorm (`lm::budget`'s formulas).
+const BURN_NORM_OPS: u64 = 7;
+
+/// A handwritten node's bookkeeping (the saving norm's and MLP activation's), in ops of
+/// [`GRAPH_BYTES_PER_OP`]: besides the node, its state boxes the backward and maps the other
+/// gradients' nodes. Measured: with 3 the `tiny` saved bytes are predicted within 0.7% for both
+/// MLPs (`tests/budget.rs`).
+const HANDWRITTEN_NODE_OPS: u64 = 3;
 
 /// Heap bytes a reversible chain's node holds per block besides tensors: its handles on the
 /// block's modules, which share the model's parameters. Measured: the saved bytes of the
@@ -188,6 +197,8 @@ struct Dims {
     half: bool,
     /// The rank of the blocks' LoRA adapters, when only they train.
     lora_rank: Option<u64>,
+    /// What the norms and the MLP's activation keep.
+    savers: SaverKind,
 }
 
 impl Dims {
@@ -206,6 +217,7 @@ impl Dims {
             float: shape.float.size() as u64,
             half: shape.float.size() == 2,
             lora_rank: shape.lora_rank.map(|rank| rank as u64),
+            savers: config.savers,
         }
     }
 
@@ -215,16 +227,66 @@ impl Dims {
         self.lora_rank.is_none()
     }
 
-    /// What one RMSNorm keeps besides its output (which the ops reading it keep): its input,
-    /// `x / rms` for its scale's gradient (not when the scale is frozen), an f32 copy of the
-    /// input in half precision (the mean square is taken in f32; in f32 the cast is the input
-    /// itself), and two `[T]` columns.
-    fn norm_saved(&self) -> [Tensors; 3] {
-        [
-            self.td(1 + u64::from(self.base_trains())),
-            Tensors::new(u64::from(self.half), 4 * self.tokens * self.d),
-            self.columns(2),
-        ]
+    /// What one RMSNorm keeps besides its output (which the ops reading it keep). Burn's: its
+    /// input, `x / rms` for its scale's gradient (not when the scale is frozen), an f32 copy of
+    /// the input in half precision (the mean square is taken in f32; in f32 the cast is the
+    /// input itself), and two `[T]` columns. The saving norm: its input and one f32 per row.
+    fn norm_saved(&self) -> Vec<Tensors> {
+        match self.savers {
+            SaverKind::Burn => vec![
+                self.td(1 + u64::from(self.base_trains())),
+                Tensors::new(u64::from(self.half), 4 * self.tokens * self.d),
+                self.columns(2),
+            ],
+            SaverKind::Exact => vec![self.td(1), Tensors::new(1, 4 * self.tokens)],
+        }
+    }
+
+    /// Activation-sized tensors one MLP keeps (`c` in the formulas). Burn's: SwiGLU `gate·x`,
+    /// `σ(gate·x)`, `silu`, `up·x` and the product; ReLU² `up·x`, its ReLU and the square. The
+    /// saving ops: SwiGLU `gate·x`, `up·x` and the product, ReLU² the square.
+    fn mlp_saved(&self, mlp: MlpKind) -> Tensors {
+        let count = match (self.savers, mlp) {
+            (SaverKind::Burn, MlpKind::SwiGlu) => 5,
+            (SaverKind::Burn, MlpKind::ReluSquared) => 3,
+            (SaverKind::Exact, MlpKind::SwiGlu) => 3,
+            (SaverKind::Exact, MlpKind::ReluSquared) => 1,
+        };
+        self.tf(count)
+    }
+
+    /// The graph ops' worth of bookkeeping a norm registers fewer with the saving op: one
+    /// handwritten node for Burn's seven ops.
+    fn fewer_norm_ops(&self) -> u64 {
+        match self.savers {
+            SaverKind::Burn => 0,
+            SaverKind::Exact => BURN_NORM_OPS - HANDWRITTEN_NODE_OPS,
+        }
+    }
+
+    /// The graph ops' worth a block registers fewer with the saving ops: its two norms', and
+    /// one handwritten node for Burn's SwiGLU (`σ`, two products) or ReLU² (ReLU, square).
+    fn fewer_block_ops(&self, mlp: MlpKind) -> u64 {
+        let activation = match mlp {
+            MlpKind::SwiGlu => 3,
+            MlpKind::ReluSquared => 2,
+        };
+        match self.savers {
+            SaverKind::Burn => 0,
+            SaverKind::Exact => 2 * self.fewer_norm_ops() + activation - HANDWRITTEN_NODE_OPS,
+        }
+    }
+
+    /// What a saving MLP activation's backward holds beyond the block's saved tensors, less the
+    /// down projection's input it gives back: SwiGLU the input gradient, `σ(g)`, the up
+    /// projection's gradient and the gate's as it is made; ReLU² the input gradient and its
+    /// own. Burn's are within the down projection's backward (none listed).
+    fn activation_backward(&self, mlp: MlpKind) -> Vec<Tensors> {
+        match (self.savers, mlp) {
+            (SaverKind::Burn, _) => Vec::new(),
+            (SaverKind::Exact, MlpKind::SwiGlu) => vec![self.tf(3)],
+            (SaverKind::Exact, MlpKind::ReluSquared) => vec![self.tf(2)],
+        }
     }
 
     /// What the formulas written for f32 and every weight trained read differently here.
@@ -235,6 +297,9 @@ impl Dims {
         }
         if self.lora_rank.is_some() {
             note += "; LoRA: frozen norms keep no x / rms, + T·r per adapted linear";
+        }
+        if self.savers == SaverKind::Exact {
+            note += "; saving ops: each norm keeps x and 4·T, c = 3 (SwiGLU) or 1 (ReLU²)";
         }
         note
     }
@@ -289,15 +354,6 @@ impl Dims {
     }
 }
 
-/// Activation-sized tensors one MLP saves (`c` in the formulas): SwiGLU `gate·x`, `σ(gate·x)`,
-/// `silu`, `up·x` and the product; ReLU² `up·x`, its ReLU and the square.
-fn mlp_saved_tensors(config: &LmConfig) -> u64 {
-    match config.mlp {
-        MlpKind::SwiGlu => 5,
-        MlpKind::ReluSquared => 3,
-    }
-}
-
 /// What one standard block saves for backward.
 struct LayerSaved {
     /// What the attention's backward reads: its norm's input, `x / rms` and output, q, k, v
@@ -343,10 +399,10 @@ fn standard_layer(
     // The output projection's input, the MLP's norm and output, the MLP's own.
     let after_attention = [dims.td(1)]
         .into_iter()
-        .chain(norm)
+        .chain(norm.clone())
         .chain([
             dims.td(1),
-            dims.tf(mlp_saved_tensors(config)),
+            dims.mlp_saved(config.mlp),
             dims.adapter_products(1 + mlp_matrices),
         ])
         .collect();
@@ -369,9 +425,7 @@ fn standard_layer(
             formula: "4·(10·T·d + c·T·d_ff + 3·B·H·S² + B·H·S + 4·T) + (4 + 2b)·B·H·S + b·S²",
             // Norms 2 × 7, q and k 13 each, v 4, attention 12, output 4, MLP 9, residuals 2;
             // repeating grouped heads 3 each for k and v.
-            ops: 71
-                + coded_ops
-                + adapter_ops
+            ops: 71 + coded_ops + adapter_ops - dims.fewer_block_ops(config.mlp)
                 + if config.n_kv_heads < config.n_heads {
                     6
                 } else {
@@ -393,7 +447,7 @@ fn standard_layer(
                 .collect(),
             after_attention,
             formula: "4·(9·T·d + 2·T·d_kv + c·T·d_ff + B·H·S + 4·T) + b·B·S",
-            ops: 60 + coded_ops + adapter_ops,
+            ops: 60 + coded_ops + adapter_ops - dims.fewer_block_ops(config.mlp),
         },
     }
 }
@@ -478,7 +532,7 @@ pub fn saved_activations(
             ));
             terms.push(Term::of(
                 Pool::SavedActivations,
-                "final norm: input, x / rms, 2 columns: 4·(2·T·d + 2·T)",
+                "final norm: input, x / rms, 2 columns: 4·(2·T·d + 2·T) (saving: 4·(T·d + T))",
                 dims.norm_saved(),
             ));
             ops += layers * layer.ops;
@@ -554,6 +608,8 @@ pub fn saved_activations(
             ops += 10;
         }
     }
+    // Each loss's count includes the final norm's.
+    ops -= dims.fewer_norm_ops();
     if routed {
         // One graph hook per parameter read outside the blocks: the embedding, the final norm
         // and the head (the final norm only when the table and head are coded; none when
@@ -775,8 +831,16 @@ pub fn step_budget(
             AttentionKind::Flash => None,
         })
         .collect();
-    // Half precision: a rebuilt norm's f32 copy of its input.
-    let norm_f32_copy = Tensors::new(u64::from(dims.half), 4 * tokens * d);
+    // What a rebuilt norm keeps beside its input and output: Burn's `x / rms`, two columns and
+    // in half precision an f32 copy of its input; the saving norm one f32 per row.
+    let rebuilt_norm = match dims.savers {
+        SaverKind::Burn => vec![
+            dims.td(1),
+            dims.columns(2),
+            Tensors::new(u64::from(dims.half), 4 * tokens * d),
+        ],
+        SaverKind::Exact => vec![Tensors::new(1, 4 * tokens)],
+    };
     let tied = config.tie_embeddings;
     // The token table and the head are dense weights that train.
     let table_trains = !coding.table && base_trains;
@@ -895,6 +959,9 @@ pub fn step_budget(
             )
         }
     };
+    // The MLP's backward peaks at the down projection's, or with the saving ops at the
+    // activation's, once the down projection has given its input back.
+    let mlp_backward = larger(down_backward, dims.activation_backward(config.mlp));
 
     let mut phases = Vec::new();
     match (config.loss, coding.table) {
@@ -1007,11 +1074,11 @@ pub fn step_budget(
                 terms.push(workspace(
                     format!(
                         "block {l}: output gradient, and the down projection's backward (the \
-                         MLP-input gradient, the weight's share)"
+                         MLP-input gradient, the weight's share) or a saving activation's"
                     ),
                     [dims.td(1)]
                         .into_iter()
-                        .chain(down_backward.iter().copied())
+                        .chain(mlp_backward.iter().copied())
                         .collect(),
                 ));
                 terms.push(f32_matmul(
@@ -1074,12 +1141,13 @@ pub fn step_budget(
                 terms.push(workspace(
                     format!(
                         "block {b}: the walk's y, dy; the MLP rebuilt (norm, output and its \
-                         gradient, c [T, d_ff]); the down projection's backward"
+                         gradient, c [T, d_ff]); the down projection's or a saving activation's \
+                         backward"
                     ),
-                    [dims.td(8), dims.tf(mlp_saved_tensors(config))]
+                    [dims.td(7), dims.mlp_saved(config.mlp)]
                         .into_iter()
-                        .chain(down_backward.iter().copied())
-                        .chain([dims.columns(2), norm_f32_copy])
+                        .chain(mlp_backward.iter().copied())
+                        .chain(rebuilt_norm.iter().copied())
                         .collect(),
                 ));
                 terms.push(f32_matmul(
@@ -1101,13 +1169,13 @@ pub fn step_budget(
                 }
                 let attention = match config.attention {
                     AttentionKind::Burn => vec![
-                        dims.td(13),
+                        dims.td(12),
                         dims.scores(3 + copies),
                         dims.rows(3, 4),
                         Tensors::new(1, memory.bool_bytes() * seq * seq),
                     ],
                     AttentionKind::Flash => {
-                        vec![dims.td(13), dims.td_kv(5), dims.floats(4, SCORE_TILE)]
+                        vec![dims.td(12), dims.td_kv(5), dims.floats(4, SCORE_TILE)]
                     }
                 };
                 // A coded output projection updates itself a block of rows at a time.
@@ -1122,7 +1190,8 @@ pub fn step_budget(
                     ),
                     attention
                         .into_iter()
-                        .chain([output_projection, norm_f32_copy])
+                        .chain([output_projection])
+                        .chain(rebuilt_norm.iter().copied())
                         .collect(),
                 ));
                 terms.push(f32_matmul("the attention's", &attention_matmuls));

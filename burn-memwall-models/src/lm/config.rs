@@ -52,6 +52,20 @@ pub enum LossKind {
     Fused,
 }
 
+/// What the norms and the MLP's activation keep for the backward pass (the values are the
+/// same for both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SaverKind {
+    /// Burn's autodiff of the composed ops: each RMSNorm keeps `x / rms` and two columns per
+    /// row besides its input (and in half precision an f32 copy of it), SwiGLU `σ(gate·x)` and
+    /// `silu(gate·x)` besides its two inputs, ReLU² its ReLU.
+    Burn,
+    /// `burn_memwall::ops::{rms_norm, swiglu, relu_squared}`: each RMSNorm keeps its input and
+    /// one f32 per row, SwiGLU its two inputs, ReLU² nothing but its output (which the down
+    /// projection keeps anyway).
+    Exact,
+}
+
 /// A decoder-only transformer: token embedding, `n_layers` pre-norm blocks of causal
 /// grouped-query attention with rotary positions and an MLP, a final RMSNorm and the LM head.
 #[derive(Config, Debug, PartialEq)]
@@ -82,6 +96,9 @@ pub struct LmConfig {
     /// How the blocks' linears hold and train their weights.
     #[config(default = "LinearKind::Dense")]
     pub linear: LinearKind,
+    /// What the norms and the MLP's activation keep for backward.
+    #[config(default = "SaverKind::Burn")]
+    pub savers: SaverKind,
     /// Feed-forward block.
     #[config(default = "MlpKind::SwiGlu")]
     pub mlp: MlpKind,

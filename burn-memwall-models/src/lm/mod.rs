@@ -15,7 +15,8 @@ pub use budget::{
     saved_activations, step_budget,
 };
 pub use config::{
-    AttentionKind, BlockKind, LmConfig, LossKind, MlpKind, PRESETS, SIZE_PRESETS, human_count,
+    AttentionKind, BlockKind, LmConfig, LossKind, MlpKind, PRESETS, SIZE_PRESETS, SaverKind,
+    human_count,
 };
 use linear::counter_config;
 pub use linear::{BlockLinear, LinearKind};

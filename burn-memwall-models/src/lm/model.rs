@@ -16,7 +16,7 @@ use burn_memwall::optim::{InBackward, LossScale};
 
 use super::{
     AttentionCoupling, BlockKind, CausalSelfAttention, LinearKind, LmConfig, LossKind, Mlp,
-    MlpCoupling, counter_config, reversible_blocks,
+    MlpCoupling, SaverKind, counter_config, reversible_blocks,
 };
 use crate::Error;
 
@@ -27,6 +27,8 @@ pub struct Block {
     attention: CausalSelfAttention,
     mlp_norm: RmsNorm,
     mlp: Mlp,
+    #[module(skip)]
+    savers: SaverKind,
 }
 
 impl Block {
@@ -41,6 +43,7 @@ impl Block {
             attention: CausalSelfAttention::new(config, device),
             mlp_norm: norm(),
             mlp: Mlp::new(config, device),
+            savers: config.savers,
         }
     }
 
@@ -57,10 +60,23 @@ impl Block {
         route: Routed,
         cache: Option<&mut KeyValueCache>,
     ) -> Tensor<3> {
-        let normed = route.rms_norm(&self.attention_norm, x.clone());
+        let normed = rms_norm(self.savers, route, &self.attention_norm, x.clone());
         let x = x + self.attention.forward_cached(normed, rope, route, cache);
-        let normed = route.rms_norm(&self.mlp_norm, x.clone());
+        let normed = rms_norm(self.savers, route, &self.mlp_norm, x.clone());
         x + self.mlp.forward(normed, route)
+    }
+}
+
+/// `norm.forward(x)` through `route`, keeping for backward what `savers` says.
+pub(super) fn rms_norm<const D: usize>(
+    savers: SaverKind,
+    route: Routed,
+    norm: &RmsNorm,
+    x: Tensor<D>,
+) -> Tensor<D> {
+    match savers {
+        SaverKind::Burn => route.rms_norm(norm, x),
+        SaverKind::Exact => route.saving_rms_norm(norm, x),
     }
 }
 
@@ -84,6 +100,8 @@ pub struct LanguageModel {
     max_seq_len: usize,
     #[module(skip)]
     loss: LossKind,
+    #[module(skip)]
+    savers: SaverKind,
     /// Set by [`LanguageModel::with_in_backward`]: every parameter is then updated during
     /// backward by [`InBackward::step`].
     #[module(skip)]
@@ -140,6 +158,7 @@ impl LmConfig {
             vocab_size: self.vocab_size,
             max_seq_len: self.max_seq_len,
             loss: self.loss,
+            savers: self.savers,
             in_backward: None,
             loss_scale: None,
         })
@@ -220,7 +239,7 @@ impl LanguageModel {
                 .iter()
                 .fold(x, |x, block| block.forward(x, &self.rope, route)),
         };
-        route.rms_norm(&self.norm, x)
+        rms_norm(self.savers, route, &self.norm, x)
     }
 
     /// `[batch, seq]` token ids → `[batch, seq, vocab]` logits.

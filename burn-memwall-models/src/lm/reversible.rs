@@ -9,7 +9,8 @@ use burn::prelude::*;
 use burn::tensor::FloatDType;
 use burn_memwall::nn::{CouplingFunction, KeyValueCache, ReversibleSequence, Routed};
 
-use super::{CausalSelfAttention, LmConfig, Mlp};
+use super::model::rms_norm;
+use super::{CausalSelfAttention, LmConfig, Mlp, SaverKind};
 
 /// `attention(norm(x))` on one stream: `F` of a coupling.
 #[derive(Module, Debug)]
@@ -17,6 +18,8 @@ pub struct AttentionCoupling {
     norm: RmsNorm,
     attention: CausalSelfAttention,
     rope: RotaryEncoding,
+    #[module(skip)]
+    savers: SaverKind,
 }
 
 /// `mlp(norm(x))` on one stream: `G` of a coupling.
@@ -24,6 +27,8 @@ pub struct AttentionCoupling {
 pub struct MlpCoupling {
     norm: RmsNorm,
     mlp: Mlp,
+    #[module(skip)]
+    savers: SaverKind,
 }
 
 impl AttentionCoupling {
@@ -34,7 +39,7 @@ impl AttentionCoupling {
         cache: Option<&mut KeyValueCache>,
     ) -> Tensor<3> {
         let route = Routed::new(None);
-        let normed = route.rms_norm(&self.norm, x);
+        let normed = rms_norm(self.savers, route, &self.norm, x);
         self.attention
             .forward_cached(normed, &self.rope, route, cache)
     }
@@ -51,7 +56,8 @@ impl CouplingFunction<3> for MlpCoupling {
     /// `[batch, seq, d_model]` → `[batch, seq, d_model]`.
     fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let route = Routed::new(None);
-        self.mlp.forward(route.rms_norm(&self.norm, x), route)
+        self.mlp
+            .forward(rms_norm(self.savers, route, &self.norm, x), route)
     }
 }
 
@@ -77,10 +83,12 @@ pub fn reversible_blocks(
                 norm: norm(),
                 attention: CausalSelfAttention::new(config, device),
                 rope: rope.clone(),
+                savers: config.savers,
             };
             let g = MlpCoupling {
                 norm: norm(),
                 mlp: Mlp::new(config, device),
+                savers: config.savers,
             };
             (f, g)
         })

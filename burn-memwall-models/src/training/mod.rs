@@ -169,7 +169,7 @@ pub struct RunConfig {
     pub model: LmConfig,
     pub training: TrainingConfig,
     /// The trained model to start from (a [`Pretrained`] folder), instead of drawn weights.
-    /// `model` must be its config, but for the attention and the loss.
+    /// `model` must be its config, but for the attention, the loss and the savers.
     pub base: Option<PathBuf>,
 }
 
@@ -194,16 +194,17 @@ impl RunConfig {
         }
         if let Some(dir) = &self.base {
             let base = Pretrained::open(dir)?.config()?;
-            // Attention and loss compute the same function whichever is chosen.
+            // Attention, loss and savers compute the same function whichever is chosen.
             let comparable = LmConfig {
                 attention: self.model.attention,
                 loss: self.model.loss,
+                savers: self.model.savers,
                 ..base
             };
             let changed = differences(&comparable, &self.model);
             if !changed.is_empty() {
                 return Err(Error::InvalidConfig(format!(
-                    "the model must be the config of {} but for attention and loss ({})",
+                    "the model must be the config of {} but for attention, loss and savers ({})",
                     dir.display(),
                     listed(&changed)
                 )));

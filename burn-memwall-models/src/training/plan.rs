@@ -11,16 +11,19 @@ use super::{NamedSwitches, every_stack};
 
 /// Step time of each stack relative to `baseline`'s: the planner's cost table. Measured by
 /// memgate, every stack in its own process (Flex, 2 cores, `small`, seq 256, batch 2, 5 timed
-/// steps; the quantised stacks the median of three runs beside `baseline`; docs/BENCHMARKS.md,
-/// "The memory budget"). Times on other shapes and
-/// devices differ (on `tiny` the reversible stacks cost less, flash attention more).
-const STEP_TIME: [(&str, f64); 18] = [
+/// steps; the quantised stacks the median of three runs beside `baseline`; the `memwall`
+/// stacks, with the saving ops since 2026-12-04, and `flash+fused+savers` the median of three
+/// runs of 11 timed steps; docs/BENCHMARKS.md, "The memory budget" and "The saving norm and
+/// MLP ops"). Times on other shapes and devices differ (on `tiny` the reversible stacks cost
+/// less, flash attention more).
+const STEP_TIME: [(&str, f64); 19] = [
     ("baseline", 1.00),
-    ("memwall", 1.05),
-    ("memwall-sgd", 1.04),
+    ("memwall", 1.12),
+    ("memwall-sgd", 1.18),
     ("flash-attention", 0.92),
     ("fused-loss", 0.95),
     ("flash+fused", 0.90),
+    ("flash+fused+savers", 0.93),
     ("in-backward", 0.99),
     ("in-backward-fused-adamw", 0.93),
     ("in-backward-sgd", 0.93),
@@ -29,7 +32,7 @@ const STEP_TIME: [(&str, f64); 18] = [
     ("all-fused", 0.86),
     ("reversible", 1.17),
     ("reversible+flash+fused", 1.19),
-    ("memwall-counter", 1.54),
+    ("memwall-counter", 1.53),
     ("ternary", 1.11),
     ("counter", 1.17),
     ("counter+all-fused", 1.13),

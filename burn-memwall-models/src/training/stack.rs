@@ -2,7 +2,7 @@
 //! turns the whole of burn-memwall on (or off) for `train` and `memgate`.
 
 use crate::Error;
-use crate::lm::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind};
+use crate::lm::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, SaverKind};
 
 use super::StepOptimizer;
 
@@ -12,8 +12,9 @@ pub enum Stack {
     /// Burn's own path: Burn's attention, full logits + `CrossEntropyLoss`, standard blocks,
     /// dense linears, Burn's AdamW after backward.
     Baseline,
-    /// Every exact part: flash attention, the fused loss, full-width reversible blocks, dense
-    /// linears and the in-place `FusedAdamW` applied during backward. The same parameters as
+    /// Every exact part: flash attention, the fused loss, full-width reversible blocks, the
+    /// saving norm and MLP ops, dense linears and the in-place `FusedAdamW` applied during
+    /// backward. The same parameters as
     /// the baseline, trained by the same optimizer's math.
     Memwall,
     /// `memwall` with plain SGD during backward: no optimizer state at all.
@@ -64,6 +65,7 @@ impl Stack {
             loss: LossKind::Burn,
             blocks: BlockKind::Standard,
             linear: LinearKind::Dense,
+            savers: SaverKind::Burn,
             optimizer: StepOptimizer::AdamW,
         };
         const MEMWALL: Switches = Switches {
@@ -71,6 +73,7 @@ impl Stack {
             loss: LossKind::Fused,
             blocks: BlockKind::Reversible,
             linear: LinearKind::Dense,
+            savers: SaverKind::Exact,
             optimizer: StepOptimizer::InBackwardFusedAdamW,
         };
         match self {
@@ -101,6 +104,7 @@ pub struct Switches {
     pub blocks: BlockKind,
     /// The model's matrices (see [`LinearKind`]); the norms stay dense.
     pub linear: LinearKind,
+    pub savers: SaverKind,
     pub optimizer: StepOptimizer,
 }
 
@@ -111,6 +115,7 @@ impl Switches {
         model.loss = self.loss;
         model.blocks = self.blocks;
         model.linear = self.linear;
+        model.savers = self.savers;
         self.optimizer
     }
 }
@@ -137,7 +142,7 @@ const fn part(name: &'static str, switches: Switches) -> NamedSwitches {
 /// stacks. The
 /// reversible rows have the baseline's parameters in another architecture; the linear rows
 /// change the blocks' linears only (embeddings, norms and head stay dense).
-pub const PARTS: [NamedSwitches; 14] = [
+pub const PARTS: [NamedSwitches; 15] = [
     part(
         "flash-attention",
         Switches {
@@ -153,6 +158,13 @@ pub const PARTS: [NamedSwitches; 14] = [
         },
     ),
     part("flash+fused", FLASH_FUSED),
+    part(
+        "flash+fused+savers",
+        Switches {
+            savers: SaverKind::Exact,
+            ..FLASH_FUSED
+        },
+    ),
     part(
         "in-backward",
         Switches {

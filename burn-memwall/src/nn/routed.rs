@@ -14,6 +14,7 @@ use super::{
     FlashTransformerEncoder, FlashTransformerEncoderInput, FusedLinearCrossEntropyLoss,
     TernaryLinear,
 };
+use crate::ops::rms_norm::rms_norm;
 use crate::optim::{InBackward, param_value};
 
 /// The forward passes of `burn::nn` layers, with each parameter anchored on the layer's input.
@@ -102,6 +103,13 @@ impl<'a> Routed<'a> {
         let dtype = x.dtype();
         let rms = (x.clone().cast(DType::F32).square().mean_dim(D - 1) + norm.epsilon).sqrt();
         (x / rms.cast(dtype)) * gamma.unsqueeze()
+    }
+
+    /// `norm.forward(x)` through [`crate::ops::rms_norm::rms_norm`]: the same values, with a
+    /// backward pass that keeps only `x` and one f32 per row (Burn's keeps `x / rms` too).
+    pub fn saving_rms_norm<const D: usize>(&self, norm: &RmsNorm, x: Tensor<D>) -> Tensor<D> {
+        let gamma = self.param(&norm.gamma, &x);
+        rms_norm(x, gamma, norm.epsilon)
     }
 
     /// `norm.forward(x)`: `[..., d_model]` → `[..., d_model]`, Burn's own arithmetic.

@@ -8,7 +8,10 @@
 //!   [`crate::nn::PackedWeight`]);
 //! - [`counter_linear`]: the counter synapse's in-place update of a block of rows;
 //! - [`ternary_linear`]: BitNet b1.58's ternary linear, trained straight through;
-//! - [`stochastic_rounding`]: f32 values to bf16 or f16 without bias.
+//! - [`stochastic_rounding`]: f32 values to bf16 or f16 without bias;
+//! - [`rms_norm`], [`swiglu`], [`relu_squared`]: a block's norm and MLP activations, keeping
+//!   for backward only what it reads (the input and one f32 per row; both inputs; nothing but
+//!   the output).
 //!
 //! Each item has one path. The types a layer takes or returns too ([`crate::nn::Reduction`],
 //! [`crate::nn::GradientPass`], [`crate::nn::PackedWeight`], [`crate::nn::PackedTernary`],
@@ -28,5 +31,8 @@ pub mod fused_linear_cross_entropy;
 pub(crate) mod handwritten_backward;
 pub(crate) mod momentum_update;
 pub mod packed_matmul;
+pub mod relu_squared;
+pub mod rms_norm;
 pub mod stochastic_rounding;
+pub mod swiglu;
 pub mod ternary_linear;

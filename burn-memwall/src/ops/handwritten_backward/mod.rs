@@ -2,13 +2,15 @@
 //! backward: the op behind [`crate::nn::ReversibleSequence`] (a chain of reversible blocks as
 //! one node, whose backward rebuilds each block's input from its output) and
 //! [`crate::nn::CounterLinear`] (whose backward updates the layer's weight code from its
-//! gradient and frees it).
+//! gradient and frees it), and the ops that keep less for backward than Burn's autodiff of
+//! their composed forms (`rms_norm`, `swiglu`, `relu_squared`).
 //!
 //! The caller runs its forward pass outside the graph, in typed code, and keeps whatever its
 //! backward needs inside a [`HandwrittenBackward`]. This op makes the output a node of the graph
 //! whose only parent is the input. When autodiff reaches it, the node hands the output's
 //! gradient to the [`HandwrittenBackward`], registers the input gradient it returns, and
-//! registers each parameter gradient it reports on that parameter's own graph node.
+//! registers each other gradient it reports (a parameter's, or a second input's) on that
+//! tensor's own graph node.
 
 mod autodiff;
 
@@ -35,8 +37,9 @@ pub trait HandwrittenBackward: Send + std::fmt::Debug {
 pub struct BackwardContext {
     /// Taken once, by the backward pass.
     backward: Arc<Mutex<Option<Box<dyn HandwrittenBackward>>>>,
-    /// The trained parameters the backward reports gradients for, as autodiff tensors: the op
-    /// finds the graph node each gradient belongs to from them, in the forward pass.
+    /// The tensors besides the input that the backward reports gradients for (trained
+    /// parameters, or an op's second input), as autodiff tensors: the op finds the graph node
+    /// each gradient belongs to from them, in the forward pass.
     params: Vec<(ParamId, DispatchTensor)>,
 }
 

@@ -1,0 +1,212 @@
+//! The ops that keep less for backward than Burn's autodiff of their composed forms
+//! (`rms_norm`, `swiglu`, `relu_squared`): values and gradients against Burn's own arithmetic
+//! differentiated in f64, on every device; and what each keeps for backward, on Flex.
+
+mod common;
+
+use burn::prelude::*;
+use burn::tensor::DType;
+use burn::tensor::activation::{relu, silu};
+use burn_memwall::memory::{CountingAllocator, MemoryMeter};
+use burn_memwall::ops::relu_squared::relu_squared;
+use burn_memwall::ops::rms_norm::rms_norm;
+use burn_memwall::ops::swiglu::swiglu;
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+const EPSILON: f64 = 1e-5;
+
+/// An op on `[rows, width]` inputs, written for any device and float type.
+type Op = fn(Vec<Tensor<2>>) -> Tensor<2>;
+
+/// `rms_norm` on `[2, rows / 2, d]` (the scale given as `[1, d]`).
+fn norm(inputs: Vec<Tensor<2>>) -> Tensor<2> {
+    let [x, gamma] = <[Tensor<2>; 2]>::try_from(inputs).unwrap();
+    let [rows, d] = x.dims();
+    rms_norm(x.reshape([2, rows / 2, d]), gamma.reshape([d]), EPSILON).reshape([rows, d])
+}
+
+/// Burn's `RmsNorm::forward` arithmetic.
+fn burn_norm(inputs: Vec<Tensor<2>>) -> Tensor<2> {
+    let [x, gamma] = <[Tensor<2>; 2]>::try_from(inputs).unwrap();
+    let dtype = x.dtype();
+    let rms = (x.clone().cast(DType::F32).square().mean_dim(1) + EPSILON).sqrt();
+    (x / rms.cast(dtype)) * gamma
+}
+
+fn swiglu_op(inputs: Vec<Tensor<2>>) -> Tensor<2> {
+    let [gate, up] = <[Tensor<2>; 2]>::try_from(inputs).unwrap();
+    swiglu(gate, up)
+}
+
+fn burn_swiglu(inputs: Vec<Tensor<2>>) -> Tensor<2> {
+    let [gate, up] = <[Tensor<2>; 2]>::try_from(inputs).unwrap();
+    silu(gate) * up
+}
+
+fn relu_squared_op(inputs: Vec<Tensor<2>>) -> Tensor<2> {
+    relu_squared(inputs.into_iter().next().unwrap())
+}
+
+fn burn_relu_squared(inputs: Vec<Tensor<2>>) -> Tensor<2> {
+    relu(inputs.into_iter().next().unwrap()).powi_scalar(2)
+}
+
+/// Each op, its Burn form, and its inputs' shapes; the norm's scale is `[1, d]`.
+const CASES: [(&str, Op, Op, &[[usize; 2]]); 3] = [
+    ("rms_norm", norm, burn_norm, &[[6, 37], [1, 37]]),
+    ("swiglu", swiglu_op, burn_swiglu, &[[6, 53], [6, 53]]),
+    (
+        "relu_squared",
+        relu_squared_op,
+        burn_relu_squared,
+        &[[6, 53]],
+    ),
+];
+
+/// The inputs of a case, as host values: scale 2, so that about half of ReLU's inputs are
+/// negative and the sigmoid is far from linear.
+fn case_inputs(shapes: &[[usize; 2]]) -> Vec<TensorData> {
+    let host = Device::flex();
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &shape)| (common::host_tensor(shape, 0.3 + i as f32, &host) * 2.0).into_data())
+        .collect()
+}
+
+/// `op`'s output and each tracked input's gradient of `Σ out · dy` on `device` in `dtype`,
+/// as host values (`None` for an input that is not tracked).
+fn forward_backward(
+    op: Op,
+    inputs: &[TensorData],
+    tracked: &[bool],
+    device: &Device,
+    dtype: DType,
+) -> (TensorData, Vec<Option<TensorData>>) {
+    let leaves: Vec<Tensor<2>> = inputs
+        .iter()
+        .zip(tracked)
+        .map(|(data, &tracked)| {
+            let leaf = Tensor::from_data(data.clone(), (device, dtype));
+            if tracked { leaf.require_grad() } else { leaf }
+        })
+        .collect();
+    let out = op(leaves.clone());
+    let dy = common::host_tensor(out.dims(), 1.7, &Device::flex()).into_data();
+    let grads = (out.clone() * Tensor::from_data(dy, (device, dtype)))
+        .sum()
+        .backward();
+    let gradients = leaves
+        .iter()
+        .map(|leaf| leaf.grad(&grads).map(|grad| grad.into_data()))
+        .collect();
+    (out.inner().into_data(), gradients)
+}
+
+/// Each op's output and its inputs' gradients, against Burn's form differentiated in f64 on
+/// Flex: in f32 on every device (within 1e-5), in bf16 on Flex (within 2e-2), and with each
+/// input in turn not tracked (it gets no gradient; the others are unchanged).
+#[test]
+fn each_op_computes_burns_values_and_gradients() {
+    let _turn = common::take_turn();
+    let reference_device = Device::flex().autodiff();
+    let mut runs: Vec<(Device, DType, f64)> = common::devices()
+        .into_iter()
+        .map(|device| (device.autodiff(), DType::F32, 1e-5))
+        .collect();
+    runs.push((reference_device.clone(), DType::BF16, 2e-2));
+    for (name, op, burn_form, shapes) in CASES {
+        let inputs = case_inputs(shapes);
+        let all = vec![true; inputs.len()];
+        let one_frozen = (0..inputs.len()).map(|frozen| {
+            let mut tracked = all.clone();
+            tracked[frozen] = false;
+            tracked
+        });
+        // A single-input op with its input frozen has nothing to differentiate.
+        let one_frozen = one_frozen.filter(|tracked| tracked.contains(&true));
+        for tracked in std::iter::once(all.clone()).chain(one_frozen) {
+            let (want, want_grads) =
+                forward_backward(burn_form, &inputs, &tracked, &reference_device, DType::F64);
+            for (device, dtype, tol) in &runs {
+                let case = (name, &tracked, device, dtype);
+                let (got, got_grads) = forward_backward(op, &inputs, &tracked, device, *dtype);
+                common::assert_close("output", &case, *tol, got, want.clone());
+                for (index, (got, want)) in got_grads.into_iter().zip(&want_grads).enumerate() {
+                    match (got, want) {
+                        (Some(got), Some(want)) => common::assert_close(
+                            &format!("input {index}'s gradient"),
+                            &case,
+                            *tol,
+                            got,
+                            want.clone(),
+                        ),
+                        (None, None) => {}
+                        (got, _) => panic!(
+                            "input {index} has a gradient: {}, expected {} for {case:?}",
+                            got.is_some(),
+                            tracked[index]
+                        ),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Heap bytes `op` leaves allocated after its forward pass beyond its own output, with every
+/// input tracked: what its graph keeps for the backward pass (the inputs are alive anyway).
+fn kept_beyond_the_output(op: Op, shapes: &[[usize; 2]]) -> u64 {
+    let device = Device::flex().autodiff();
+    let leaves: Vec<Tensor<2>> = case_inputs(shapes)
+        .into_iter()
+        .map(|data| Tensor::from_data(data, (&device, DType::F32)).require_grad())
+        .collect();
+    let meter = MemoryMeter::new(&device);
+    let before = meter.live_bytes();
+    let out = op(leaves.clone());
+    let output_bytes = 4 * out.shape().num_elements() as u64;
+    let kept = meter.live_bytes() - before - output_bytes;
+    drop(out);
+    kept
+}
+
+/// The graph's own bookkeeping for a handful of registered ops (about 640 bytes each on
+/// Flex), far below one of these tensors (512 KiB).
+const GRAPH_SLACK: u64 = 16 << 10;
+
+/// On `[256, 512]` inputs: the norm keeps one f32 per row (its input is alive anyway), where
+/// Burn's keeps `x / rms` too (a row's `4·d` bytes more); SwiGLU keeps nothing beside its
+/// inputs, where Burn's keeps `σ(a)` and `silu(a)`; ReLU² nothing beside its output, where
+/// Burn's keeps `relu(u)`.
+#[test]
+fn each_op_keeps_only_what_its_backward_reads() {
+    let _turn = common::take_turn();
+    let (rows, d) = (256, 512);
+    let tensor = 4 * (rows * d) as u64;
+    for (name, op, burn_form, shapes) in CASES {
+        // The cases' shapes at this size (the norm's scale stays one row).
+        let shapes: Vec<[usize; 2]> = shapes
+            .iter()
+            .map(|&[r, _]| [if r == 1 { 1 } else { rows }, d])
+            .collect();
+        let (kept, burn_keeps_more) = match name {
+            "rms_norm" => (4 * rows as u64, tensor),
+            "swiglu" => (0, 2 * tensor),
+            _ => (0, tensor),
+        };
+        let ours = kept_beyond_the_output(op, &shapes);
+        let burns = kept_beyond_the_output(burn_form, &shapes);
+        assert!(
+            ours <= kept + GRAPH_SLACK,
+            "{name} keeps {ours} bytes beyond its output, expected {kept}"
+        );
+        assert!(
+            burns >= ours + burn_keeps_more,
+            "Burn's {name} keeps {burns} bytes beyond its output, ours {ours}: expected at least \
+             {burn_keeps_more} more"
+        );
+    }
+}
