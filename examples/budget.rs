@@ -15,11 +15,10 @@
 //! in `tests/budget.rs`, the pools on lavapipe only; half precision and LoRA on Flex only, in
 //! `tests/half_precision_training.rs` and `tests/budget.rs`).
 
-use burn::tensor::DType;
 use burn_memwall::memory::budget::{DeviceMemory, Pool};
 use burn_memwall::memory::{human_bytes, parse_bytes};
 use burn_memwall::optim::HalfPrecisionUpdate;
-use burn_memwall_models::lm::{LmConfig, LoraConfig, StepShape, human_count};
+use burn_memwall_models::lm::{LmConfig, LoraConfig, human_count};
 use burn_memwall_models::training::{Plan, Precision, find_stack};
 use clap::{Parser, ValueEnum};
 
@@ -124,8 +123,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 /// Every stack's predicted step of `config` in `precision`, with the shape, adapters and
 /// memory of `args`.
 fn plan(config: &LmConfig, args: &Args, precision: Precision) -> Result<Plan, String> {
-    let shape = StepShape::new(args.batch, args.seq, DType::from(precision.dtype()))
-        .with_lora_rank(args.weights.lora);
+    let shape = args.weights.step_shape(precision, args.batch, args.seq);
     if let Some(rank) = args.weights.lora {
         LoraConfig::new(rank, 2.0 * rank as f64)
             .validate(config)

@@ -18,7 +18,7 @@ use burn_memwall::device::describe;
 use burn_memwall::memory::budget::DeviceMemory;
 use burn_memwall::memory::{CountingAllocator, human_bytes};
 use burn_memwall_models::data::{TextTokenizer, load_text};
-use burn_memwall_models::lm::{LmConfig, LoraConfig, StepShape, human_count, step_budget};
+use burn_memwall_models::lm::{LmConfig, LoraConfig, human_count, step_budget};
 use burn_memwall_models::training::{
     RunConfig, TrainingConfig, every_stack, find_stack, measure_training_steps,
 };
@@ -308,8 +308,7 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
         &device,
     )?;
     let pools = measured.pools;
-    let shape = StepShape::new(args.batch, args.seq, precision.dtype().into())
-        .with_lora_rank(args.weights.lora);
+    let shape = args.weights.step_shape(precision, args.batch, args.seq);
     let plan = optimizer.plan(precision.half_update());
     // None where the budget does not model the stack on this device.
     let predicted_peak_bytes = step_budget(&config, &plan, shape, DeviceMemory::of(&device))

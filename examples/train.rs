@@ -21,7 +21,7 @@ use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes, parse_by
 use burn_memwall_models::data::{Corpus, TextTokenizer, load_text, split_text};
 use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LinearKind, LmConfig, LoraConfig, LossKind, PRESETS, SaverKind,
-    StepShape, human_count,
+    human_count,
 };
 use burn_memwall_models::pretrained::Pretrained;
 use burn_memwall_models::training::{
@@ -330,8 +330,16 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         describe(&device)
     );
     println!(
-        "stack {}: attention {:?}, loss {:?}, blocks {:?}, linears {:?}, optimizer {:?}, {:?}",
-        stack.name, model.attention, model.loss, model.blocks, model.linear, optimizer, precision
+        "stack {}: attention {:?}, loss {:?}, blocks {:?}, linears {:?}, savers {:?}, optimizer \
+         {:?}, {:?}",
+        stack.name,
+        model.attention,
+        model.loss,
+        model.blocks,
+        model.linear,
+        model.savers,
+        optimizer,
+        precision
     );
     if let Some(base) = &base {
         println!("starting from {}", base.dir().display());
@@ -543,8 +551,7 @@ fn fit_stack(
     device: &Device,
     available: u64,
 ) -> Result<NamedSwitches, Box<dyn std::error::Error>> {
-    let shape = StepShape::new(args.batch, args.seq, precision.dtype().into())
-        .with_lora_rank(args.weights.lora);
+    let shape = args.weights.step_shape(precision, args.batch, args.seq);
     let plan = Plan::new(
         model,
         shape,

@@ -1,6 +1,7 @@
 //! The flags that say how the weights train, shared by `train`, `memgate` and `budget`.
 
 use burn_memwall_models::Error;
+use burn_memwall_models::lm::StepShape;
 use burn_memwall_models::training::Precision;
 
 /// The weights' float type, how half-precision weights take their updates, and LoRA.
@@ -27,5 +28,11 @@ impl WeightArgs {
     /// An unknown float type or update, naming the ones there are.
     pub fn precision(&self) -> Result<Precision, Error> {
         Precision::from_names(&self.precision, &self.half_update)
+    }
+
+    /// The shape of a step of `batch` sequences of `seq` tokens in `precision`, with these
+    /// flags' LoRA adapters: what the budget predicts.
+    pub fn step_shape(&self, precision: Precision, batch: usize, seq: usize) -> StepShape {
+        StepShape::new(batch, seq, precision.dtype().into()).with_lora_rank(self.lora)
     }
 }

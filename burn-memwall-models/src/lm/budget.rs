@@ -382,7 +382,7 @@ fn standard_layer(
 ) -> LayerSaved {
     let dims = Dims::new(config, shape);
     // A counter linear registers 4 ops and a ternary one 3 where a dense one registers 2.
-    let linears = 4 + config.mlp_matrices() as u64;
+    let linears = config.block_linears() as u64;
     let coded_ops = match (coding.blocks, coding.ternary) {
         (true, _) => 2 * linears,
         (false, true) => linears,
@@ -510,7 +510,7 @@ pub fn saved_activations(
     // The block weights an in-backward hook routes: the coded ones update themselves; with
     // LoRA, each adapter's two factors.
     let block_params = match shape.lora_rank {
-        Some(_) => 2 * (4 + config.mlp_matrices()) as u64,
+        Some(_) => 2 * config.block_linears() as u64,
         None => coding.trained_block_weights(config).count() as u64,
     };
     let mut terms = Vec::new();
@@ -801,13 +801,9 @@ pub fn step_budget(
         Some(rank) => config
             .block_weights()
             .into_iter()
-            .filter_map(|weight| match weight {
-                // A and B together (the budget places them on Flex's heap only).
-                BlockWeight::Matrix { d_out, d_in } => {
-                    Some(dims.floats(1, (rank * (d_in + d_out)) as u64))
-                }
-                BlockWeight::Norm(_) => None,
-            })
+            .filter(|weight| matches!(weight, BlockWeight::Matrix { .. }))
+            // A and B together (the budget places them on Flex's heap only).
+            .map(|weight| dims.floats(1, weight.adapter_elements(rank) as u64))
             .collect(),
         None => coding
             .trained_block_weights(config)
@@ -817,10 +813,14 @@ pub fn step_budget(
     // The gradients of the MLP's and the output projection's weights (after backward, before
     // the attention's backward).
     let (mlp_gradients, output_projection_gradient) = match shape.lora_rank {
-        Some(rank) => (
-            dims.floats(mlp_matrices, (rank as u64) * (d + d_ff)),
-            dims.floats(1, 2 * rank as u64 * d),
-        ),
+        Some(rank) => {
+            let adapter = |d_out, d_in| BlockWeight::Matrix { d_out, d_in }.adapter_elements(rank);
+            let (d, d_ff) = (config.d_model, config.d_ff);
+            (
+                dims.floats(mlp_matrices, adapter(d_ff, d) as u64),
+                dims.floats(1, adapter(d, d) as u64),
+            )
+        }
         None => (Tensors::new(mlp_matrices, fd), dims.floats(1, d * d)),
     };
     // The attention's matmuls: the projections' backward, and Burn's attention's scores.

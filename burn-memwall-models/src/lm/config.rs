@@ -249,6 +249,11 @@ impl LmConfig {
             MlpKind::ReluSquared => 2,
         }
     }
+
+    /// Linears of one block: the attention's four projections and the MLP's matrices.
+    pub(crate) fn block_linears(&self) -> usize {
+        4 + self.mlp_matrices()
+    }
 }
 
 /// One weight of a block.
@@ -265,6 +270,15 @@ impl BlockWeight {
         match *self {
             Self::Norm(d) => d,
             Self::Matrix { d_out, d_in } => d_out * d_in,
+        }
+    }
+
+    /// The scalars a LoRA adapter of `rank` trains on this weight: `A` `[d_in, rank]` and `B`
+    /// `[rank, d_out]` on a matrix, none on a norm.
+    pub(crate) fn adapter_elements(&self, rank: usize) -> usize {
+        match *self {
+            Self::Norm(_) => 0,
+            Self::Matrix { d_out, d_in } => rank * (d_in + d_out),
         }
     }
 }

@@ -8,7 +8,6 @@ use burn::config::Config;
 use burn::module::{Lora, Module, ParamGroup};
 use burn::store::{ModuleSnapshot, PathFilter, SafetensorsStore};
 
-use super::config::BlockWeight;
 use super::{LanguageModel, LinearKind, LmConfig};
 use crate::Error;
 use crate::checkpoint::{in_device_precision, save_safetensors_with};
@@ -56,10 +55,7 @@ impl LoraConfig {
         let per_block: usize = model
             .block_weights()
             .iter()
-            .map(|weight| match *weight {
-                BlockWeight::Matrix { d_out, d_in } => self.rank * (d_in + d_out),
-                BlockWeight::Norm(_) => 0,
-            })
+            .map(|weight| weight.adapter_elements(self.rank))
             .sum();
         model.n_layers * per_block
     }
