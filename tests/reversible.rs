@@ -185,13 +185,17 @@ fn randomness_and_odd_widths_are_refused() {
         Mlp::new(4, 8, 0.5, &device),
     )]);
     let x = host_tensor([2, 16, 8], 0.0, &device).require_grad();
-    assert_eq!(
-        noisy.try_forward(x.clone()).unwrap_err(),
+    match noisy.try_forward(x.clone()).unwrap_err() {
         ReversibleError::NotDeterministic {
             block: 0,
-            function: "G"
-        }
-    );
+            function: "G",
+            difference,
+        } => assert!(
+            difference > 0.1,
+            "dropout moved the outputs by only {difference}"
+        ),
+        other => panic!("expected G of block 0 refused, got {other:?}"),
+    }
     // Outside training, dropout is off and the stack runs.
     let valid = noisy.valid();
     assert_eq!(valid.forward(x.clone().inner()).dims(), [2, 16, 8]);
@@ -200,6 +204,60 @@ fn randomness_and_odd_widths_are_refused() {
     assert_eq!(
         stack(1, 4, &device).try_forward(odd).unwrap_err(),
         ReversibleError::OddWidth(7)
+    );
+}
+
+/// [`Mlp`] whose every evaluation is scaled by one more rounding of f32 than the last, as a
+/// GPU's kernels may round differently from one evaluation to the next.
+#[derive(Module, Debug)]
+struct RoundingNoise {
+    mlp: Mlp,
+    #[module(skip)]
+    evaluations: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl CouplingFunction<3> for RoundingNoise {
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let n = self
+            .evaluations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.mlp.forward(x) * (1.0 + n as f32 * f32::EPSILON)
+    }
+}
+
+#[test]
+fn a_rounding_apart_is_not_randomness() {
+    let _turn = common::take_turn();
+    let device = Device::flex().autodiff();
+    let noise = |device| RoundingNoise {
+        mlp: Mlp::new(4, 8, 0.0, device),
+        evaluations: Default::default(),
+    };
+    let stack = ReversibleSequence::new(vec![(noise(&device), noise(&device))]);
+    let x = host_tensor([2, 16, 8], 0.0, &device).require_grad();
+    let grads = stack.forward(x.clone()).sum().backward();
+    // Exact rebuilding would refuse this stack; the rounding costs the gradient nothing.
+    let want = plain(&stack, x).sum().backward();
+    assert_close(
+        "first weight's gradient",
+        &"rounding noise",
+        1e-4,
+        stack.f[0]
+            .mlp
+            .up
+            .weight
+            .val()
+            .grad(&grads)
+            .unwrap()
+            .into_data(),
+        stack.f[0]
+            .mlp
+            .up
+            .weight
+            .val()
+            .grad(&want)
+            .unwrap()
+            .into_data(),
     );
 }
 
