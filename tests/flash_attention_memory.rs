@@ -141,3 +141,27 @@ fn dropout_saves_nothing_per_score() {
         dropped.saturating_sub(plain)
     );
 }
+
+/// The output lies in query layout, `[batch, s_q, heads, d]` in memory: an attention layer's
+/// merge of the heads is a view, so the output projection keeps the very buffer the backward
+/// keeps, not a copy. On Flex, with one score tile (whose output the op transposes itself) and
+/// with several (joined in that layout).
+#[test]
+fn merging_the_heads_copies_nothing() {
+    let _turn = common::take_turn();
+    let device = Device::flex();
+    for seq in [48, 200] {
+        let [q, k, v, _] = inputs(seq, &device);
+        let out = flash_attention(q, k, v, None, FlashAttentionOptions::default());
+        let mut merged = None;
+        let copied = common::peak_of(&device, || {
+            merged = Some(out.swap_dims(1, 2).reshape([1, seq, HEADS * D]));
+        });
+        // A copy would be `seq · HEADS · D · 4` bytes: 96 KiB at the shorter length.
+        assert!(
+            copied < 1024,
+            "seq {seq}: merging the heads allocated {copied} bytes"
+        );
+        drop(merged); // held through the measurement, as a layer's projection holds it
+    }
+}

@@ -22,8 +22,9 @@
 //! their strides (the transposed views an attention layer makes need no copy); `hidden`
 //! `[batch or 1, s_q or 1, s_k]` in the runtime's bool storage `M`, nonzero where a query must
 //! not see a key (a key padding mask is `[batch, 1, s_k]`), read through its strides; lse and
-//! delta `[batch·heads·s_q]` in f32; every written tensor is contiguous. Arithmetic is f32
-//! whatever the storage type `F`.
+//! delta `[batch·heads·s_q]` in f32, contiguous; the output and the gradients are written
+//! through their strides (the caller lays the output out `[batch, s_q, heads, d_v]` in memory,
+//! so that merging its heads is free). Arithmetic is f32 whatever the storage type `F`.
 //!
 //! Visibility: query `i` sits at key position `i + offset` (`offset = s_k − s_q`, a KV cache's
 //! alignment). Causal: keys up to that position. `window > 0`: only the last `window` of them.
@@ -282,7 +283,7 @@ fn load_rows<F: Float>(
     registers
 }
 
-/// `values[r · len + c] · factors[r]` into this unit's rows of the contiguous `t`.
+/// `values[r · len + c] · factors[r]` into this unit's rows of `t`, through its strides.
 #[cube]
 fn store_rows<F: Float>(
     t: &mut Tensor<F>,
@@ -292,13 +293,16 @@ fn store_rows<F: Float>(
     #[comptime] len: usize,
     #[comptime] rows: usize,
 ) {
+    let (batch, head) = (tile.pair / t.shape(1), tile.pair % t.shape(1));
+    let stride = t.stride(3);
     #[unroll]
     for r in 0..rows {
         if unit_writes(tile, r) {
-            let at = (tile.pair * tile.len + unit_row(tile, r)) * len;
+            // `row_at`'s offset: a cube function cannot lend a `&mut` tensor as `&`.
+            let at = batch * t.stride(0) + head * t.stride(1) + unit_row(tile, r) * t.stride(2);
             #[unroll]
             for c in 0..len {
-                t[at + c] = F::cast_from(values[r * len + c] * factors[r]);
+                t[at + c * stride] = F::cast_from(values[r * len + c] * factors[r]);
             }
         }
     }

@@ -396,8 +396,13 @@ fn standard_layer(
         None => 0,
     };
     let norm = dims.norm_saved();
-    // The output projection's input, the MLP's norm and output, the MLP's own.
-    let after_attention = [dims.td(1)]
+    // The output projection's input (flash attention's own output, in the layout that merges
+    // its heads for free; a copy of Burn's), the MLP's norm and output, the MLP's own.
+    let projection_input = match config.attention {
+        AttentionKind::Burn => Some(dims.td(1)),
+        AttentionKind::Flash => None,
+    };
+    let after_attention = projection_input
         .into_iter()
         .chain(norm.clone())
         .chain([
@@ -446,7 +451,7 @@ fn standard_layer(
                 ])
                 .collect(),
             after_attention,
-            formula: "4·(9·T·d + 2·T·d_kv + c·T·d_ff + B·H·S + 4·T) + b·B·S",
+            formula: "4·(8·T·d + 2·T·d_kv + c·T·d_ff + B·H·S + 4·T) + b·B·S",
             ops: 60 + coded_ops + adapter_ops - dims.fewer_block_ops(config.mlp),
         },
     }

@@ -7,6 +7,7 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::cubecl::{CubeDim, prelude::CubeCount};
 use burn_cubecl::kernel::untile;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::ops::permute;
 use burn_cubecl::{CubeBackend, tensor::CubeTensor};
 use burn_memwall_codes::dropout::DropoutDraw;
 use burn_memwall_kernels::flash_attention::{
@@ -141,7 +142,11 @@ impl FlashAttentionBackend for CubeBackend {
         let launch = Launch::new(&q, &k, &v, &options);
         let [batch, heads, s_q, _] = q.shape().dims();
         let mask_dtype = dtype_to_storage_type(mask.dtype);
-        let out = empty_like(&q, Shape::new([batch, heads, s_q, launch.d_v]), q.dtype);
+        // In query layout, `[batch, s_q, heads, d_v]` in memory: see `FlashAttentionBackend`.
+        let out = permute(
+            empty_like(&q, Shape::new([batch, s_q, heads, launch.d_v]), q.dtype),
+            &[0, 2, 1, 3],
+        );
         let lse = empty_like(&q, Shape::new([batch, heads, s_q, 1]), DType::F32);
         let (cube_count, cube_dim) = grid(&q, s_q, batch * heads, launch.query_rows);
         flash_attention_forward_kernel::launch(

@@ -1,6 +1,7 @@
 //! The Flex path: the tiled algorithm of `tiled.rs`, on Flex's tensors computed in f32.
 
 use burn::backend::Flex;
+use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::{BoolTensor, FloatTensor};
 use burn::tensor::DType;
 
@@ -18,7 +19,9 @@ impl FlashAttentionBackend for Flex {
         let dtype = q.dtype();
         let (out, lse) = tiled::forward(float(q), float(k), float(v), Some(bool(mask)), options)
             .unwrap_or_else(|error| panic!("{error}"));
-        (primitive(out, dtype), primitive(lse, DType::F32))
+        // Cast where the output is contiguous, so that it keeps its query layout.
+        let out = Self::float_swap_dims(primitive(out.swap_dims(1, 2), dtype), 1, 2);
+        (out, primitive(lse, DType::F32))
     }
 
     fn flash_attention_backward(

@@ -205,7 +205,9 @@ pub fn is_causal_mask(mask: &Tensor<3, Bool>) -> bool {
 /// - `k`: `[batch, kv_heads, s_k, d]`
 /// - `v`: `[batch, kv_heads, s_k, d_v]`
 /// - `mask`: `[batch, s_q, s_k]`, `[batch, 1, s_k]`, `[1, s_q, s_k]` or `[1, 1, s_k]`
-/// - output: `[batch, heads, s_q, d_v]`
+/// - output: `[batch, heads, s_q, d_v]`, laid out `[batch, s_q, heads, d_v]` in memory (query
+///   layout), so that merging the heads, `swap_dims(1, 2).reshape([batch, s_q, heads · d_v])`,
+///   copies nothing: the output projection then keeps the buffer the backward keeps anyway.
 ///
 /// # Panics
 /// With the [`FlashAttentionError`]'s message when the shapes or options do not fit;
@@ -265,8 +267,9 @@ pub trait FlashAttentionBackend: Backend {
         Self::flash_attention_forward(q, k, v, mask, options).0
     }
 
-    /// The output and the log-sum-exp that [`FlashAttentionBackend::flash_attention_backward`]
-    /// needs (a query that sees no key has zeros and a log-sum-exp that is never read).
+    /// The output, in query layout (see [`flash_attention`]'s shapes), and the log-sum-exp that
+    /// [`FlashAttentionBackend::flash_attention_backward`] needs (a query that sees no key has
+    /// zeros and a log-sum-exp that is never read).
     #[fusion(meta = cube::forward_spec)]
     fn flash_attention_forward(
         q: FloatTensor<Self>,

@@ -388,7 +388,17 @@ pub(super) fn forward(
         let safe_max = max.clone().mask_fill(max.is_inf(), 0.0);
         lses.push((safe_max + safe_sum.log()).mask_fill(empty, f32::INFINITY));
     }
-    Ok((Tensor::cat(outputs, 2), Tensor::cat(lses, 2)))
+    // In query layout: joining the tiles along the sequence of a `[batch, s_q, heads, d_v]`
+    // buffer transposes them (the reshapes are then views), and a lone tile is copied.
+    let outputs = outputs
+        .into_iter()
+        .map(|tile| tile.swap_dims(1, 2))
+        .collect();
+    let out = Tensor::cat(outputs, 1)
+        .reshape([batch, s_q, heads * d_v])
+        .reshape([batch, s_q, heads, d_v])
+        .swap_dims(1, 2);
+    Ok((out, Tensor::cat(lses, 2)))
 }
 
 /// Gradients `(dq, dk, dv)` of `sum(out ∘ d_out)`, from the forward's output and log-sum-exp:
