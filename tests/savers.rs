@@ -157,16 +157,17 @@ fn each_op_computes_burns_values_and_gradients() {
 }
 
 /// Heap bytes `op` leaves allocated after its forward pass beyond its own output, with every
-/// input tracked: what its graph keeps for the backward pass (the inputs are alive anyway).
+/// input tracked and handed over, as a layer hands over its activations: what its graph keeps
+/// for the backward pass, the inputs it holds on to included.
 fn kept_beyond_the_output(op: Op, shapes: &[[usize; 2]]) -> u64 {
     let device = Device::flex().autodiff();
+    let meter = MemoryMeter::new(&device);
+    let before = meter.live_bytes();
     let leaves: Vec<Tensor<2>> = case_inputs(shapes)
         .into_iter()
         .map(|data| Tensor::from_data(data, (&device, DType::F32)).require_grad())
         .collect();
-    let meter = MemoryMeter::new(&device);
-    let before = meter.live_bytes();
-    let out = op(leaves.clone());
+    let out = op(leaves);
     let output_bytes = 4 * out.shape().num_elements() as u64;
     let kept = meter.live_bytes() - before - output_bytes;
     drop(out);
@@ -177,9 +178,9 @@ fn kept_beyond_the_output(op: Op, shapes: &[[usize; 2]]) -> u64 {
 /// Flex), far below one of these tensors (512 KiB).
 const GRAPH_SLACK: u64 = 16 << 10;
 
-/// On `[256, 512]` inputs: the norm keeps one f32 per row (its input is alive anyway), where
-/// Burn's keeps `x / rms` too (a row's `4·d` bytes more); SwiGLU keeps nothing beside its
-/// inputs, where Burn's keeps `σ(a)` and `silu(a)`; ReLU² nothing beside its output, where
+/// On `[256, 512]` inputs: the norm keeps one f32 per row beside its output (not its input),
+/// where Burn's keeps its input and `x / rms` (two rows' `4·d` bytes more); SwiGLU keeps its
+/// inputs, where Burn's keeps `σ(a)` and `silu(a)` too; ReLU² nothing beside its output, where
 /// Burn's keeps `relu(u)`.
 #[test]
 fn each_op_keeps_only_what_its_backward_reads() {
@@ -193,8 +194,8 @@ fn each_op_keeps_only_what_its_backward_reads() {
             .map(|&[r, _]| [if r == 1 { 1 } else { rows }, d])
             .collect();
         let (kept, burn_keeps_more) = match name {
-            "rms_norm" => (4 * rows as u64, tensor),
-            "swiglu" => (0, 2 * tensor),
+            "rms_norm" => (4 * rows as u64, 2 * tensor),
+            "swiglu" => (2 * tensor, 2 * tensor),
             _ => (0, tensor),
         };
         let ours = kept_beyond_the_output(op, &shapes);
@@ -207,6 +208,28 @@ fn each_op_keeps_only_what_its_backward_reads() {
             burns >= ours + burn_keeps_more,
             "Burn's {name} keeps {burns} bytes beyond its output, ours {ours}: expected at least \
              {burn_keeps_more} more"
+        );
+    }
+}
+
+/// The norm's backward reads `x / rms` back as `y / γ`: a scale element of exactly 0 loses its
+/// channel, and the gradients say so with NaN rather than come out silently wrong.
+#[test]
+fn a_zero_scale_is_loud() {
+    let _turn = common::take_turn();
+    let device = Device::flex().autodiff();
+    let x = common::host_tensor([4, 8], 0.3, &device).require_grad();
+    let gamma =
+        Tensor::<1>::from_floats([1.0, 0.5, 0.0, 2.0, 1.0, 1.0, 1.0, 1.0], &device).require_grad();
+    let grads = rms_norm(x.clone(), gamma.clone(), 1e-5).sum().backward();
+    for (name, grad) in [
+        ("x", x.grad(&grads).unwrap().into_data()),
+        ("γ", gamma.grad(&grads).unwrap().into_data()),
+    ] {
+        let values = grad.try_to_vec::<f32>().unwrap();
+        assert!(
+            values.iter().any(|v| v.is_nan()),
+            "{name}'s gradient hides the lost channel: {values:?}"
         );
     }
 }

@@ -230,7 +230,8 @@ impl Dims {
     /// What one RMSNorm keeps besides its output (which the ops reading it keep). Burn's: its
     /// input, `x / rms` for its scale's gradient (not when the scale is frozen), an f32 copy of
     /// the input in half precision (the mean square is taken in f32; in f32 the cast is the
-    /// input itself), and two `[T]` columns. The saving norm: its input and one f32 per row.
+    /// input itself), and two `[T]` columns. The saving norm: one f32 per row (its backward
+    /// reads `x / rms` back from its output).
     fn norm_saved(&self) -> Vec<Tensors> {
         match self.savers {
             SaverKind::Burn => vec![
@@ -238,8 +239,17 @@ impl Dims {
                 Tensors::new(u64::from(self.half), 4 * self.tokens * self.d),
                 self.columns(2),
             ],
-            SaverKind::Exact => vec![self.td(1), Tensors::new(1, 4 * self.tokens)],
+            SaverKind::Exact => vec![Tensors::new(1, 4 * self.tokens)],
         }
+    }
+
+    /// What the final norm keeps: what a block's norm keeps, and the saving norm its output
+    /// too where the loss does not keep it (the fused loss makes its gradients in forward).
+    fn final_norm_saved(&self, loss_keeps_hidden: bool) -> Vec<Tensors> {
+        let output = self.savers == SaverKind::Exact && !loss_keeps_hidden;
+        let mut saved = self.norm_saved();
+        saved.push(self.td(u64::from(output)));
+        saved
     }
 
     /// Activation-sized tensors one MLP keeps (`c` in the formulas). Burn's: SwiGLU `gate·x`,
@@ -299,7 +309,7 @@ impl Dims {
             note += "; LoRA: frozen norms keep no x / rms, + T·r per adapted linear";
         }
         if self.savers == SaverKind::Exact {
-            note += "; saving ops: each norm keeps x and 4·T, c = 3 (SwiGLU) or 1 (ReLU²)";
+            note += "; saving ops: each norm keeps 4·T (not x), c = 3 (SwiGLU) or 1 (ReLU²)";
         }
         note
     }
@@ -522,6 +532,11 @@ pub fn saved_activations(
     // What the graph's host-side bookkeeping adds, on a device whose memory holds it.
     let mut host = Vec::new();
     let mut ops = 0;
+    // Whether the loss keeps the final hidden states (see its terms below).
+    let loss_keeps_hidden = match config.loss {
+        LossKind::Burn => dims.base_trains(),
+        LossKind::Fused => coding.table,
+    };
     match config.blocks {
         BlockKind::Standard => {
             let layer = standard_layer(config, coding, shape, memory);
@@ -537,8 +552,9 @@ pub fn saved_activations(
             ));
             terms.push(Term::of(
                 Pool::SavedActivations,
-                "final norm: input, x / rms, 2 columns: 4·(2·T·d + 2·T) (saving: 4·(T·d + T))",
-                dims.norm_saved(),
+                "final norm: input, x / rms, 2 columns: 4·(2·T·d + 2·T) (saving: 4·T, and its \
+                 output 4·T·d where the loss lets it go)",
+                dims.final_norm_saved(loss_keeps_hidden),
             ));
             ops += layers * layer.ops;
         }
@@ -548,7 +564,7 @@ pub fn saved_activations(
                 "reversible chain output [T, 2d], stream mean, final norm: 4·(4·T·d + 2·T)",
                 [dims.floats(1, 2 * dims.tokens * dims.d)]
                     .into_iter()
-                    .chain(dims.norm_saved()),
+                    .chain(dims.final_norm_saved(loss_keeps_hidden)),
             ));
             // Half-precision chains keep every block's input rather than rebuild it
             // (`lm::reversible`: each inversion would lose a rounding).

@@ -60,9 +60,9 @@ pub enum SaverKind {
     /// row besides its input (and in half precision an f32 copy of it), SwiGLU `σ(gate·x)` and
     /// `silu(gate·x)` besides its two inputs, ReLU² its ReLU.
     Burn,
-    /// `burn_memwall::ops::{rms_norm, swiglu, relu_squared}`: each RMSNorm keeps its input and
-    /// one f32 per row, SwiGLU its two inputs, ReLU² nothing but its output (which the down
-    /// projection keeps anyway).
+    /// `burn_memwall::ops::{rms_norm, swiglu, relu_squared}`: each RMSNorm keeps one f32 per
+    /// row beside its output (which the linears reading it keep anyway), SwiGLU its two inputs,
+    /// ReLU² nothing but its output (which the down projection keeps anyway).
     Exact,
 }
 

@@ -106,7 +106,8 @@ impl<'a> Routed<'a> {
     }
 
     /// `norm.forward(x)` through [`crate::ops::rms_norm::rms_norm`]: the same values, with a
-    /// backward pass that keeps only `x` and one f32 per row (Burn's keeps `x / rms` too).
+    /// backward pass that keeps only the output and one f32 per row (Burn's keeps `x` and
+    /// `x / rms`).
     pub fn saving_rms_norm<const D: usize>(&self, norm: &RmsNorm, x: Tensor<D>) -> Tensor<D> {
         let gamma = self.param(&norm.gamma, &x);
         rms_norm(x, gamma, norm.epsilon)

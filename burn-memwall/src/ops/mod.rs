@@ -10,7 +10,7 @@
 //! - [`ternary_linear`]: BitNet b1.58's ternary linear, trained straight through;
 //! - [`stochastic_rounding`]: f32 values to bf16 or f16 without bias;
 //! - [`rms_norm`], [`swiglu`], [`relu_squared`]: a block's norm and MLP activations, keeping
-//!   for backward only what it reads (the input and one f32 per row; both inputs; nothing but
+//!   for backward only what it reads (the output and one f32 per row; both inputs; nothing but
 //!   the output).
 //!
 //! Each item has one path. The types a layer takes or returns too ([`crate::nn::Reduction`],
