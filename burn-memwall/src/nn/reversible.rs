@@ -14,9 +14,9 @@ use crate::optim::ExternalUse;
 use crate::optim::InBackward;
 
 /// A function of a coupling: `[..., d_half]` → `[..., d_half]`. It must be deterministic: the
-/// backward pass evaluates it again and must get the same values, up to a rounding. The first training step
-/// checks that on a corner of the input (at most 2 along each dimension but the last), so the
-/// function must take inputs of any size there.
+/// backward pass evaluates it again and must get the same values, up to a rounding. The first
+/// training step checks that on a corner of the input (at most 2 along each dimension but the
+/// last), so the function must take inputs of any size there.
 pub trait CouplingFunction<const D: usize>: Module + ModuleDisplay + Sync + 'static {
     /// `[..., d]` → `[..., d]`: the same output for the same input, every time.
     fn forward(&self, x: Tensor<D>) -> Tensor<D>;
