@@ -269,13 +269,20 @@ fn misuse_is_a_clear_error() {
 }
 
 /// The reference LM routed through `InBackward` (tied embedding: read by the lookup and by the
-/// head), with standard and with reversible blocks, trains exactly as with Burn's AdamW step.
+/// head), with standard and with reversible blocks, with Burn's ops and with the savers (whose
+/// down projection reads its weight in the SwiGLU's node), trains exactly as with Burn's AdamW
+/// step.
 #[test]
 fn the_language_model_trains_the_same_in_backward() {
-    use burn_memwall_models::lm::{BlockKind, LmConfig};
+    use burn_memwall_models::lm::{BlockKind, LmConfig, SaverKind};
     let device = Device::flex().autodiff();
-    for blocks in [BlockKind::Standard, BlockKind::Reversible] {
-        let config = LmConfig::new(64, 16, 2, 2, 2, 32, 16).with_blocks(blocks);
+    let variants = [BlockKind::Standard, BlockKind::Reversible]
+        .into_iter()
+        .flat_map(|blocks| [SaverKind::Burn, SaverKind::Exact].map(|savers| (blocks, savers)));
+    for (blocks, savers) in variants {
+        let config = LmConfig::new(64, 16, 2, 2, 2, 32, 16)
+            .with_blocks(blocks)
+            .with_savers(savers);
         device.seed(5);
         let mut standard = config.init(&device).unwrap();
         let in_backward = InBackward::new();
@@ -298,7 +305,7 @@ fn the_language_model_trains_the_same_in_backward() {
             let params = parameters(&routed).len();
             assert_eq!((counts.after_backward, counts.in_backward), (0, params));
             for (got, want) in parameters(&routed).into_iter().zip(parameters(&standard)) {
-                assert_close("parameter", &(blocks, step), 1e-6, got, want);
+                assert_close("parameter", &(blocks, savers, step), 1e-6, got, want);
             }
         }
     }

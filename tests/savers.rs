@@ -1,16 +1,18 @@
 //! The ops that keep less for backward than Burn's autodiff of their composed forms
-//! (`rms_norm`, `swiglu`, `relu_squared`): values and gradients against Burn's own arithmetic
-//! differentiated in f64, on every device; and what each keeps for backward, on Flex.
+//! (`rms_norm`, `swiglu`, `swiglu_linear`, `relu_squared`): values and gradients against Burn's
+//! own arithmetic differentiated in f64, on every device; and what each keeps for backward, on
+//! Flex.
 
 mod common;
 
 use burn::prelude::*;
 use burn::tensor::DType;
 use burn::tensor::activation::{relu, silu};
+use burn::tensor::module::linear;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter};
 use burn_memwall::ops::relu_squared::relu_squared;
 use burn_memwall::ops::rms_norm::rms_norm;
-use burn_memwall::ops::swiglu::swiglu;
+use burn_memwall::ops::swiglu::{swiglu, swiglu_linear};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -45,6 +47,20 @@ fn burn_swiglu(inputs: Vec<Tensor<2>>) -> Tensor<2> {
     silu(gate) * up
 }
 
+/// The weight scaled by `1/√d_ff`, as a linear's initialisation scales it: the product's sums
+/// then stay about as large as their terms, which a bf16 run's bound is written for.
+fn swiglu_linear_op(inputs: Vec<Tensor<2>>) -> Tensor<2> {
+    let [gate, up, weight] = <[Tensor<2>; 3]>::try_from(inputs).unwrap();
+    let scale = (weight.dims()[0] as f64).sqrt().recip();
+    swiglu_linear(gate, up, weight * scale, None)
+}
+
+fn burn_swiglu_linear(inputs: Vec<Tensor<2>>) -> Tensor<2> {
+    let [gate, up, weight] = <[Tensor<2>; 3]>::try_from(inputs).unwrap();
+    let scale = (weight.dims()[0] as f64).sqrt().recip();
+    linear(silu(gate) * up, weight * scale, None)
+}
+
 fn relu_squared_op(inputs: Vec<Tensor<2>>) -> Tensor<2> {
     relu_squared(inputs.into_iter().next().unwrap())
 }
@@ -53,15 +69,29 @@ fn burn_relu_squared(inputs: Vec<Tensor<2>>) -> Tensor<2> {
     relu(inputs.into_iter().next().unwrap()).powi_scalar(2)
 }
 
-/// Each op, its Burn form, and its inputs' shapes; the norm's scale is `[1, d]`.
-const CASES: [(&str, Op, Op, &[[usize; 2]]); 3] = [
-    ("rms_norm", norm, burn_norm, &[[6, 37], [1, 37]]),
-    ("swiglu", swiglu_op, burn_swiglu, &[[6, 53], [6, 53]]),
+/// The shapes of an op's inputs for `rows` rows of `width`.
+type Shapes = fn(usize, usize) -> Vec<[usize; 2]>;
+
+/// Each op, its Burn form, and its inputs' shapes: the norm's scale is `[1, d]`, the linear's
+/// weight `[d_ff, d_output]`.
+const CASES: [(&str, Op, Op, Shapes); 4] = [
+    ("rms_norm", norm, burn_norm, |rows, d| {
+        vec![[rows, d], [1, d]]
+    }),
+    ("swiglu", swiglu_op, burn_swiglu, |rows, d| {
+        vec![[rows, d]; 2]
+    }),
+    (
+        "swiglu_linear",
+        swiglu_linear_op,
+        burn_swiglu_linear,
+        |rows, d| vec![[rows, d], [rows, d], [d, d / 2 + 3]],
+    ),
     (
         "relu_squared",
         relu_squared_op,
         burn_relu_squared,
-        &[[6, 53]],
+        |rows, d| vec![[rows, d]],
     ),
 ];
 
@@ -105,20 +135,23 @@ fn forward_backward(
     (out.inner().into_data(), gradients)
 }
 
-/// Each op's output and its inputs' gradients, against Burn's form differentiated in f64 on
-/// Flex: in f32 on every device (within 1e-5), in bf16 on Flex (within 2e-2), and with each
-/// input in turn not tracked (it gets no gradient; the others are unchanged).
+/// Each op's output and its inputs' gradients against Burn's form on Flex: in f32 on every
+/// device against Burn's form differentiated in f64 (within 1e-5); in bf16 on Flex against
+/// Burn's form in bf16 (within 2e-2: a product's sums over 37 bf16 terms are further than that
+/// from f64, Burn's as ours); and with each input in turn not tracked (it gets no gradient; the
+/// others are unchanged).
 #[test]
 fn each_op_computes_burns_values_and_gradients() {
     let _turn = common::take_turn();
     let reference_device = Device::flex().autodiff();
-    let mut runs: Vec<(Device, DType, f64)> = common::devices()
+    // Each run: its device, float type and bound, and the reference's float type.
+    let mut runs: Vec<(Device, DType, f64, DType)> = common::devices()
         .into_iter()
-        .map(|device| (device.autodiff(), DType::F32, 1e-5))
+        .map(|device| (device.autodiff(), DType::F32, 1e-5, DType::F64))
         .collect();
-    runs.push((reference_device.clone(), DType::BF16, 2e-2));
+    runs.push((reference_device.clone(), DType::BF16, 2e-2, DType::BF16));
     for (name, op, burn_form, shapes) in CASES {
-        let inputs = case_inputs(shapes);
+        let inputs = case_inputs(&shapes(6, 37));
         let all = vec![true; inputs.len()];
         let one_frozen = (0..inputs.len()).map(|frozen| {
             let mut tracked = all.clone();
@@ -128,9 +161,9 @@ fn each_op_computes_burns_values_and_gradients() {
         // A single-input op with its input frozen has nothing to differentiate.
         let one_frozen = one_frozen.filter(|tracked| tracked.contains(&true));
         for tracked in std::iter::once(all.clone()).chain(one_frozen) {
-            let (want, want_grads) =
-                forward_backward(burn_form, &inputs, &tracked, &reference_device, DType::F64);
-            for (device, dtype, tol) in &runs {
+            for (device, dtype, tol, reference) in &runs {
+                let (want, want_grads) =
+                    forward_backward(burn_form, &inputs, &tracked, &reference_device, *reference);
                 let case = (name, &tracked, device, dtype);
                 let (got, got_grads) = forward_backward(op, &inputs, &tracked, device, *dtype);
                 common::assert_close("output", &case, *tol, got, want.clone());
@@ -162,6 +195,7 @@ fn each_op_computes_burns_values_and_gradients() {
 fn kept_beyond_the_output(op: Op, shapes: &[[usize; 2]]) -> u64 {
     let device = Device::flex().autodiff();
     let meter = MemoryMeter::new(&device);
+    meter.warm_matmul_threads();
     let before = meter.live_bytes();
     let leaves: Vec<Tensor<2>> = case_inputs(shapes)
         .into_iter()
@@ -180,7 +214,8 @@ const GRAPH_SLACK: u64 = 16 << 10;
 
 /// On `[256, 512]` inputs: the norm keeps one f32 per row beside its output (not its input),
 /// where Burn's keeps its input and `x / rms` (two rows' `4·d` bytes more); SwiGLU keeps its
-/// inputs, where Burn's keeps `σ(a)` and `silu(a)` too; ReLU² nothing beside its output, where
+/// inputs, where Burn's keeps `σ(a)` and `silu(a)` too; SwiGLU with the linear its inputs and
+/// the weight, where Burn's keeps the product too; ReLU² nothing beside its output, where
 /// Burn's keeps `relu(u)`.
 #[test]
 fn each_op_keeps_only_what_its_backward_reads() {
@@ -188,14 +223,14 @@ fn each_op_keeps_only_what_its_backward_reads() {
     let (rows, d) = (256, 512);
     let tensor = 4 * (rows * d) as u64;
     for (name, op, burn_form, shapes) in CASES {
-        // The cases' shapes at this size (the norm's scale stays one row).
-        let shapes: Vec<[usize; 2]> = shapes
-            .iter()
-            .map(|&[r, _]| [if r == 1 { 1 } else { rows }, d])
-            .collect();
+        let shapes = shapes(rows, d);
         let (kept, burn_keeps_more) = match name {
             "rms_norm" => (4 * rows as u64, 2 * tensor),
             "swiglu" => (2 * tensor, 2 * tensor),
+            "swiglu_linear" => {
+                let [d_ff, d_output] = shapes[2];
+                (2 * tensor + 4 * (d_ff * d_output) as u64, 3 * tensor)
+            }
             _ => (0, tensor),
         };
         let ours = kept_beyond_the_output(op, &shapes);

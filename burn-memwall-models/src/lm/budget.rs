@@ -199,6 +199,9 @@ struct Dims {
     lora_rank: Option<u64>,
     /// What the norms and the MLP's activation keep.
     savers: SaverKind,
+    /// A saving SwiGLU and the dense down projection are one node that recomputes the product
+    /// in backward (`swiglu_linear`), rather than the down projection keeping it.
+    recomputes_product: bool,
 }
 
 impl Dims {
@@ -218,6 +221,10 @@ impl Dims {
             half: shape.float.size() == 2,
             lora_rank: shape.lora_rank.map(|rank| rank as u64),
             savers: config.savers,
+            recomputes_product: config.savers == SaverKind::Exact
+                && config.mlp == MlpKind::SwiGlu
+                && config.linear == LinearKind::Dense
+                && shape.lora_rank.is_none(),
         }
     }
 
@@ -254,12 +261,13 @@ impl Dims {
 
     /// Activation-sized tensors one MLP keeps (`c` in the formulas). Burn's: SwiGLU `gate·x`,
     /// `σ(gate·x)`, `silu`, `up·x` and the product; ReLU² `up·x`, its ReLU and the square. The
-    /// saving ops: SwiGLU `gate·x`, `up·x` and the product, ReLU² the square.
+    /// saving ops: SwiGLU `gate·x`, `up·x` and the product (not the product where the down
+    /// projection recomputes it), ReLU² the square.
     fn mlp_saved(&self, mlp: MlpKind) -> Tensors {
         let count = match (self.savers, mlp) {
             (SaverKind::Burn, MlpKind::SwiGlu) => 5,
             (SaverKind::Burn, MlpKind::ReluSquared) => 3,
-            (SaverKind::Exact, MlpKind::SwiGlu) => 3,
+            (SaverKind::Exact, MlpKind::SwiGlu) => 3 - u64::from(self.recomputes_product),
             (SaverKind::Exact, MlpKind::ReluSquared) => 1,
         };
         self.tf(count)
@@ -275,10 +283,11 @@ impl Dims {
     }
 
     /// The graph ops' worth a block registers fewer with the saving ops: its two norms', and
-    /// one handwritten node for Burn's SwiGLU (`σ`, two products) or ReLU² (ReLU, square).
+    /// one handwritten node for Burn's SwiGLU (`σ`, two products, and the down projection's
+    /// product where the node makes it) or ReLU² (ReLU, square).
     fn fewer_block_ops(&self, mlp: MlpKind) -> u64 {
         let activation = match mlp {
-            MlpKind::SwiGlu => 3,
+            MlpKind::SwiGlu => 3 + u64::from(self.recomputes_product),
             MlpKind::ReluSquared => 2,
         };
         match self.savers {
@@ -309,7 +318,13 @@ impl Dims {
             note += "; LoRA: frozen norms keep no x / rms, + T·r per adapted linear";
         }
         if self.savers == SaverKind::Exact {
-            note += "; saving ops: each norm keeps 4·T (not x), c = 3 (SwiGLU) or 1 (ReLU²)";
+            let swiglu = match self.recomputes_product {
+                true => 2,
+                false => 3,
+            };
+            note += &format!(
+                "; saving ops: each norm keeps 4·T (not x), c = {swiglu} (SwiGLU) or 1 (ReLU²)"
+            );
         }
         note
     }
@@ -790,13 +805,16 @@ pub fn step_budget(
     // more per element. Each phase that runs matmuls adds its largest's, `[lhs, rhs, out]` in
     // elements.
     let converts = memory == DeviceMemory::Heap && shape.float == DType::BF16;
-    let f32_matmul = |what: &str, matmuls: &[[u64; 3]]| {
+    let f32_copies = |matmuls: &[[u64; 3]]| {
         let bytes = |[lhs, rhs, out]: [u64; 3]| 4 * (lhs + rhs + out);
         let largest = matmuls.iter().copied().map(bytes).max().unwrap_or(0);
+        u64::from(converts) * largest
+    };
+    let f32_matmul = |what: &str, matmuls: &[[u64; 3]]| {
         Term::new(
             Pool::Workspace,
             format!("Flex's bf16 matmul in f32 ({what}): both operands and the output"),
-            u64::from(converts) * largest,
+            f32_copies(matmuls),
         )
     };
     // The input's and, when the weight trains, the weight's gradient of a `[d_in] → [d_out]`
@@ -981,8 +999,26 @@ pub fn step_budget(
         }
     };
     // The MLP's backward peaks at the down projection's, or with the saving ops at the
-    // activation's, once the down projection has given its input back.
-    let mlp_backward = larger(down_backward, dims.activation_backward(config.mlp));
+    // activation's, once the down projection has given its input back; Flex's f32 copies of a
+    // bf16 matmul come on top (`down_matmuls`). The node that recomputes the product holds
+    // the down projection's backward and the product beside it, with its matmuls' copies,
+    // then the activation's four gradients at once (the product's, `σ(g)`, the up
+    // projection's and the gate's as it is made) beside the weight's gradient, with none.
+    let (mlp_backward, down_matmuls) = match dims.recomputes_product {
+        true => {
+            let in_f32 = Tensors::new(1, f32_copies(&linear_backward(d_ff, d)));
+            let matmuls = down_backward
+                .into_iter()
+                .chain([dims.tf(1), in_f32])
+                .collect();
+            let activation = vec![dims.tf(4), Tensors::new(1, fd)];
+            (larger(matmuls, activation), Vec::new())
+        }
+        false => (
+            larger(down_backward, dims.activation_backward(config.mlp)),
+            linear_backward(d_ff, d),
+        ),
+    };
 
     let mut phases = Vec::new();
     match (config.loss, coding.table) {
@@ -1102,10 +1138,7 @@ pub fn step_budget(
                         .chain(mlp_backward.iter().copied())
                         .collect(),
                 ));
-                terms.push(f32_matmul(
-                    "the down projection's",
-                    &linear_backward(d_ff, d),
-                ));
+                terms.push(f32_matmul("the down projection's", &down_matmuls));
                 phase("MLP backward", terms)
             }));
             phases.push(worst_block(&|l| {
@@ -1171,10 +1204,7 @@ pub fn step_budget(
                         .chain(rebuilt_norm.iter().copied())
                         .collect(),
                 ));
-                terms.push(f32_matmul(
-                    "the down projection's",
-                    &linear_backward(d_ff, d),
-                ));
+                terms.push(f32_matmul("the down projection's", &down_matmuls));
                 phase("MLP recompute", terms)
             }));
             phases.push(worst_block(&|b| {

@@ -61,8 +61,9 @@ pub enum SaverKind {
     /// `silu(gate·x)` besides its two inputs, ReLU² its ReLU.
     Burn,
     /// `burn_memwall::ops::{rms_norm, swiglu, relu_squared}`: each RMSNorm keeps one f32 per
-    /// row beside its output (which the linears reading it keep anyway), SwiGLU its two inputs,
-    /// ReLU² nothing but its output (which the down projection keeps anyway).
+    /// row beside its output (which the linears reading it keep anyway), SwiGLU its two inputs
+    /// (with dense linears, `swiglu_linear`: the down projection recomputes the product rather
+    /// than keep it), ReLU² nothing but its output (which the down projection keeps anyway).
     Exact,
 }
 

@@ -33,16 +33,20 @@ impl Mlp {
 
     /// `[batch, seq, d_model]` → `[batch, seq, d_model]`.
     pub fn forward(&self, x: Tensor<3>, route: Routed) -> Tensor<3> {
-        let hidden = match (&self.gate, self.savers) {
-            (Some(gate), SaverKind::Burn) => {
-                silu(gate.forward(x.clone(), route)) * self.up.forward(x, route)
-            }
-            (Some(gate), SaverKind::Exact) => {
-                swiglu(gate.forward(x.clone(), route), self.up.forward(x, route))
-            }
-            (None, SaverKind::Burn) => relu(self.up.forward(x, route)).powi_scalar(2),
-            (None, SaverKind::Exact) => relu_squared(self.up.forward(x, route)),
+        let Some(gate) = &self.gate else {
+            let up = self.up.forward(x, route);
+            let hidden = match self.savers {
+                SaverKind::Burn => relu(up).powi_scalar(2),
+                SaverKind::Exact => relu_squared(up),
+            };
+            return self.down.forward(hidden, route);
         };
-        self.down.forward(hidden, route)
+        let (gate, up) = (gate.forward(x.clone(), route), self.up.forward(x, route));
+        match (self.savers, &self.down) {
+            (SaverKind::Burn, down) => down.forward(silu(gate) * up, route),
+            // A dense down projection recomputes the product it reads, rather than keep it.
+            (SaverKind::Exact, BlockLinear::Dense(down)) => route.swiglu_linear(down, gate, up),
+            (SaverKind::Exact, down) => down.forward(swiglu(gate, up), route),
+        }
     }
 }

@@ -156,21 +156,10 @@ fn warm_up_runtime(run: &RunConfig, windows: &[Vec<u32>], device: &Device) -> Re
         loss_scale.as_ref(),
     );
     update(model, &mut optimizer, loss, 1e-3);
-    if device.memory_pool_usage().is_none() {
-        warm_every_matmul_thread(device);
-    }
+    // A worker that ran no product in the throwaway step would allocate its matmul scratch in
+    // a measured one (in about one `tiny` run in four).
+    MemoryMeter::new(device).warm_matmul_threads();
     Ok(())
-}
-
-/// Flex's matmul (gemm) keeps a scratch slab per thread, the size of the CPU's L2 cache,
-/// allocated at the thread's first product. A thread-pool worker that ran no product in the
-/// throwaway step would allocate it inside a measured one (2 MiB on the CI machines, in about
-/// one `tiny` run in four), so every worker runs one now.
-fn warm_every_matmul_thread(device: &Device) {
-    rayon::broadcast(|_| {
-        let square = Tensor::<2>::ones([64, 64], device);
-        square.clone().matmul(square).into_data();
-    });
 }
 
 /// Backward and update (during backward when the model is routed through an [`InBackward`]).

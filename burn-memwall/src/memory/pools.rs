@@ -45,6 +45,22 @@ impl MemoryMeter {
         CountingAllocator::reset_peak();
     }
 
+    /// Flex's matmul (gemm) keeps a scratch slab per thread, the size of the CPU's L2 cache,
+    /// allocated at the thread's first product and kept for the thread's life. A thread-pool
+    /// worker that has run no product yet would allocate it inside a measured window (2 MiB on
+    /// the CI machines), so this runs one small product on every worker. Nothing to do on Cube
+    /// devices, whose pools hold no such scratch.
+    pub fn warm_matmul_threads(&self) {
+        if self.device.memory_pool_usage().is_some() {
+            return;
+        }
+        let device = self.device.clone();
+        rayon::broadcast(|_| {
+            let square = Tensor::<2>::ones([64, 64], &device);
+            square.clone().matmul(square).into_data();
+        });
+    }
+
     /// Bytes held now.
     pub fn live_bytes(&self) -> u64 {
         self.sync();

@@ -263,7 +263,7 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
         let [x1, x2] = halves(Tensor::from_inner(probe).require_grad());
         let mut outputs = Vec::new();
         let tolerance = SAME_UP_TO_ROUNDING.max(4.0 * unit_spacing(x.dtype()));
-        let mut difference = |a: Tensor<D>, b: Tensor<D>| {
+        let mut relative_difference = |a: Tensor<D>, b: Tensor<D>| {
             let apart = (a.clone() - b.clone()).abs().max().into_scalar::<f32>();
             let largest = a.clone().abs().max().into_scalar::<f32>();
             outputs.push((a + b).sum());
@@ -277,7 +277,7 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
                 ("G", g.forward(x1.clone()), g.forward(x1.clone())),
             ];
             for (function, a, b) in evaluations {
-                let difference = difference(a, b);
+                let difference = relative_difference(a, b);
                 if difference.is_nan() || difference > tolerance {
                     result = Err(ReversibleError::NotDeterministic {
                         block,

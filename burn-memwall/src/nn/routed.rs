@@ -15,6 +15,7 @@ use super::{
     TernaryLinear,
 };
 use crate::ops::rms_norm::rms_norm;
+use crate::ops::swiglu::{swiglu, swiglu_linear};
 use crate::optim::{InBackward, param_value};
 
 /// The forward passes of `burn::nn` layers, with each parameter anchored on the layer's input.
@@ -78,6 +79,28 @@ impl<'a> Routed<'a> {
         let bias = layer.bias.as_ref().map(|bias| self.param(bias, &x));
         let low_rank = linear(linear(x.clone(), a, None), b, None).mul_scalar(adapter.scale);
         linear(x, base, bias) + low_rank
+    }
+
+    /// `layer.forward(swiglu(gate, up))` through [`crate::ops::swiglu::swiglu_linear`]: the
+    /// same values, with a backward pass that keeps `gate` and `up` and recomputes the product,
+    /// which Burn's linear keeps as its input. A LoRA-adapted `layer` reads the product through
+    /// [`Routed::linear`] instead: its adapter keeps `x·A` of it anyway.
+    ///
+    /// # Shapes
+    /// - `gate`, `up`: `[..., d_input]`
+    /// - output: `[..., d_output]`
+    pub fn swiglu_linear<const D: usize>(
+        &self,
+        layer: &Linear,
+        gate: Tensor<D>,
+        up: Tensor<D>,
+    ) -> Tensor<D> {
+        if layer.weight.adapter().is_some() {
+            return self.linear(layer, swiglu(gate, up));
+        }
+        let weight = self.param(&layer.weight, &gate);
+        let bias = layer.bias.as_ref().map(|bias| self.param(bias, &gate));
+        swiglu_linear(gate, up, weight, bias)
     }
 
     /// `layer.forward(x)` with the latent weight (and bias) routed.

@@ -1,17 +1,20 @@
 //! SwiGLU's product `silu(a) ∘ b`, whose backward pass keeps only `a` and `b` and recomputes
-//! the sigmoid.
+//! the sigmoid; and the product with the linear that reads it, which recomputes the product too.
 //!
 //! Burn's autodiff of `silu(a) * b` keeps `σ(a)` and `silu(a)` beside the two inputs: two
-//! tensors of the MLP's hidden width per token more than the backward needs. Like
-//! [`super::rms_norm`], the passes are Burn's own ops (Cube devices fuse them), attached to the
-//! graph with a handwritten backward.
+//! tensors of the MLP's hidden width per token more than the backward needs, and the down
+//! projection keeps the product as its input: a third. Like [`super::rms_norm`], the passes are
+//! Burn's own ops (Cube devices fuse them), attached to the graph with a handwritten backward.
 
 use burn::backend::DispatchTensor;
 use burn::module::ParamId;
 use burn::prelude::*;
 use burn::tensor::activation::{sigmoid, silu};
+use burn::tensor::module::linear;
 
-use super::handwritten_backward::{BackwardContext, HandwrittenBackward, attach_backward_after};
+use super::handwritten_backward::{
+    BackwardContext, HandwrittenBackward, attach_backward_after, attach_backward_after_both,
+};
 
 /// `silu(gate) ∘ up`, `silu(a) = a · σ(a)`: Burn's arithmetic, value for value.
 ///
@@ -72,12 +75,150 @@ impl<const D: usize> HandwrittenBackward for SwigluBackward<D> {
     ) -> DispatchTensor {
         let SwigluBackward { gate, up, up_key } = *self;
         let dy = Tensor::<D>::from_dispatch(output_gradient);
-        let s = sigmoid(gate.clone());
-        if let Some(key) = up_key {
-            let d_up = dy.clone() * (gate.clone() * s.clone());
-            param_gradient(key, d_up.into_dispatch());
+        let d_up =
+            up_key.map(|key| move |d_up: Tensor<D>| param_gradient(key, d_up.into_dispatch()));
+        input_gradients(gate, up, dy, d_up).into_dispatch()
+    }
+}
+
+/// SwiGLU's input gradients from its output's `dy`: `d_up = dy · silu(a)`, handed to `d_up`
+/// when the up projection is tracked, and `d_gate = dy · b · σ(a)·(1 + a·(1 − σ(a)))`, returned.
+fn input_gradients<const D: usize>(
+    gate: Tensor<D>,
+    up: Tensor<D>,
+    dy: Tensor<D>,
+    d_up: Option<impl FnOnce(Tensor<D>)>,
+) -> Tensor<D> {
+    let s = sigmoid(gate.clone());
+    if let Some(hand_over) = d_up {
+        hand_over(dy.clone() * (gate.clone() * s.clone()));
+    }
+    let slope = (s.clone().neg() + 1.0) * gate + 1.0;
+    dy * up * s * slope
+}
+
+/// `(silu(gate) ∘ up) · weight + bias`: [`swiglu`] and the linear that reads it (an MLP's down
+/// projection), as `burn::tensor::module::linear(silu(gate) * up, weight, bias)` computes them.
+///
+/// Under autodiff the backward pass keeps `gate`, `up` and a handle on `weight`, and
+/// recomputes the product for the weight's gradient: Burn's linear would keep the product as
+/// its input, one tensor of the MLP's hidden width per token. The product exists only while
+/// the forward pass multiplies it and while the backward pass makes the weight's gradient.
+///
+/// # Shapes
+/// - `gate`, `up`: `[..., d_ff]`, one shape
+/// - `weight`: `[d_ff, d_output]` (`burn::nn::Linear`'s layout)
+/// - `bias`: `[d_output]`
+/// - output: `[..., d_output]`
+///
+/// # Panics
+/// If `gate` and `up` differ in shape, or `weight` does not take `d_ff` inputs.
+pub fn swiglu_linear<const D: usize>(
+    gate: Tensor<D>,
+    up: Tensor<D>,
+    weight: Tensor<2>,
+    bias: Option<Tensor<1>>,
+) -> Tensor<D> {
+    let dims = gate.dims();
+    assert_eq!(
+        dims,
+        up.dims(),
+        "swiglu_linear: the gate's shape is not the up projection's"
+    );
+    let [d_ff, d_output] = weight.dims();
+    assert_eq!(
+        dims[D - 1],
+        d_ff,
+        "swiglu_linear: the weight takes {d_ff} inputs, the gate has {}",
+        dims[D - 1]
+    );
+    let tracked = [gate.is_tracked(), up.is_tracked(), weight.is_tracked()];
+    if !(gate.is_autodiff() && tracked.contains(&true)) {
+        return linear(silu(gate) * up, weight, bias);
+    }
+    let rows = dims[..D - 1].iter().product();
+    let gate_rows = gate.clone().inner().reshape([rows, d_ff]);
+    let up_rows = up.clone().inner().reshape([rows, d_ff]);
+    let latent = weight.clone().inner();
+    let product = silu(gate_rows.clone()) * up_rows.clone();
+    let mut out = dims;
+    out[D - 1] = d_output;
+    let y = Tensor::from_inner(product.matmul(latent.clone()).reshape(out));
+    let up_key = up.is_tracked().then(ParamId::new);
+    let weight_key = weight.is_tracked().then(ParamId::new);
+    let others = [
+        up_key.map(|key| (key, up.clone().into_dispatch())),
+        weight_key.map(|key| (key, weight.clone().into_dispatch())),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let backward = SwigluLinearBackward {
+        gate: gate_rows,
+        up: up_rows,
+        weight: latent,
+        dims,
+        up_key,
+        weight_key,
+    };
+    // `up` and the weight are parents too, so that autodiff reaches them (the up projection's
+    // backward, an update hook on the weight) after this node has handed over their gradients.
+    let y = attach_backward_after_both(
+        gate,
+        up,
+        weight,
+        y,
+        BackwardContext::new(Box::new(backward), others),
+    );
+    match bias {
+        Some(bias) => y + bias.unsqueeze(),
+        None => y,
+    }
+}
+
+/// The backward of [`swiglu_linear`]: `dW = hᵀ·dy` with `h = silu(a) ∘ b` recomputed,
+/// `dh = dy·Wᵀ`, then [`swiglu`]'s.
+#[derive(Debug)]
+struct SwigluLinearBackward<const D: usize> {
+    /// `[rows, d_ff]`, outside the graph.
+    gate: Tensor<2>,
+    /// `[rows, d_ff]`, outside the graph.
+    up: Tensor<2>,
+    /// `[d_ff, d_output]`, outside the graph.
+    weight: Tensor<2>,
+    /// The inputs' shape.
+    dims: [usize; D],
+    up_key: Option<ParamId>,
+    weight_key: Option<ParamId>,
+}
+
+impl<const D: usize> HandwrittenBackward for SwigluLinearBackward<D> {
+    fn backward(
+        self: Box<Self>,
+        output_gradient: DispatchTensor,
+        param_gradient: &mut dyn FnMut(ParamId, DispatchTensor),
+    ) -> DispatchTensor {
+        let SwigluLinearBackward {
+            gate,
+            up,
+            weight,
+            dims,
+            up_key,
+            weight_key,
+        } = *self;
+        let [rows, _] = gate.dims();
+        let [_, d_output] = weight.dims();
+        let dy = Tensor::<D>::from_dispatch(output_gradient).reshape([rows, d_output]);
+        if let Some(key) = weight_key {
+            let product = silu(gate.clone()) * up.clone();
+            param_gradient(key, product.transpose().matmul(dy.clone()).into_dispatch());
         }
-        let slope = (s.clone().neg() + 1.0) * gate + 1.0;
-        (dy * up * s * slope).into_dispatch()
+        let dh = dy.matmul(weight.transpose());
+        let d_up = up_key.map(|key| {
+            move |d_up: Tensor<2>| param_gradient(key, d_up.reshape(dims).into_dispatch())
+        });
+        input_gradients(gate, up, dh, d_up)
+            .reshape(dims)
+            .into_dispatch()
     }
 }

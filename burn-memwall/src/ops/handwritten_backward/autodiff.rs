@@ -82,6 +82,20 @@ where
     ) -> FloatTensor<Self> {
         attach::<B, C, 2>([input.node(), parent.node()], output, backward)
     }
+
+    fn attach_backward_after_both(
+        input: FloatTensor<Self>,
+        first: FloatTensor<Self>,
+        second: FloatTensor<Self>,
+        output: FloatTensor<Self>,
+        backward: BackwardContext,
+    ) -> FloatTensor<Self> {
+        attach::<B, C, 3>(
+            [input.node(), first.node(), second.node()],
+            output,
+            backward,
+        )
+    }
 }
 
 fn attach<B: HandwrittenBackwardBackend, C: CheckpointStrategy, const N: usize>(

@@ -91,6 +91,20 @@ pub trait HandwrittenBackwardBackend: Backend {
         let _ = (input, parent, backward);
         output
     }
+
+    /// [`Self::attach_backward_after`] with two such parents: for a backward that reports
+    /// gradients for a second input and a weight.
+    #[fusion(default)]
+    fn attach_backward_after_both(
+        input: FloatTensor<Self>,
+        first: FloatTensor<Self>,
+        second: FloatTensor<Self>,
+        output: FloatTensor<Self>,
+        backward: BackwardContext,
+    ) -> FloatTensor<Self> {
+        let _ = (input, first, second, backward);
+        output
+    }
 }
 
 impl HandwrittenBackwardBackend for Flex {}
@@ -123,6 +137,29 @@ pub fn attach_backward_after<const D: usize, const P: usize, const E: usize>(
     Tensor::from_dispatch(Dispatch::attach_backward_after(
         input.into_dispatch(),
         parent.into_dispatch(),
+        output.into_dispatch(),
+        context,
+    ))
+}
+
+/// [`attach_backward_after`] with two parents besides the input (a second input and a weight,
+/// say), each reached only after this node has handed over its gradient.
+pub fn attach_backward_after_both<
+    const D: usize,
+    const P: usize,
+    const Q: usize,
+    const E: usize,
+>(
+    input: Tensor<D>,
+    first: Tensor<P>,
+    second: Tensor<Q>,
+    output: Tensor<E>,
+    context: BackwardContext,
+) -> Tensor<E> {
+    Tensor::from_dispatch(Dispatch::attach_backward_after_both(
+        input.into_dispatch(),
+        first.into_dispatch(),
+        second.into_dispatch(),
         output.into_dispatch(),
         context,
     ))
