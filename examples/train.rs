@@ -18,6 +18,7 @@ use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::budget::DeviceMemory;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes, parse_bytes};
+use burn_memwall::ops::saved_rows::SavedPrecision;
 use burn_memwall_models::data::{Corpus, TextTokenizer, load_text, split_text};
 use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LinearKind, LmConfig, LoraConfig, LossKind, PRESETS, SaverKind,
@@ -92,6 +93,11 @@ enum SaversArg {
     /// burn-memwall's norm, SwiGLU and ReLU² ops: the same values and gradients, keeping for
     /// the backward pass only what it reads.
     Exact,
+    /// `exact`, and a SwiGLU before a dense down projection keeps its two inputs in 8 bits per
+    /// value, rounded stochastically (the same forward; gradients at the rounded values).
+    Int8,
+    /// `int8` in 4 bits per value.
+    Int4,
 }
 
 #[derive(Parser, Debug)]
@@ -293,9 +299,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         };
     }
     if let Some(savers) = args.savers {
-        switches.savers = match savers {
-            SaversArg::None => SaverKind::Burn,
-            SaversArg::Exact => SaverKind::Exact,
+        (switches.savers, switches.saved_precision) = match savers {
+            SaversArg::None => (SaverKind::Burn, SavedPrecision::Full),
+            SaversArg::Exact => (SaverKind::Exact, SavedPrecision::Full),
+            SaversArg::Int8 => (SaverKind::Exact, SavedPrecision::Int8),
+            SaversArg::Int4 => (SaverKind::Exact, SavedPrecision::Int4),
         };
     }
     if let Some(base) = &base_config {
@@ -330,14 +338,15 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         describe(&device)
     );
     println!(
-        "stack {}: attention {:?}, loss {:?}, blocks {:?}, linears {:?}, savers {:?}, optimizer \
-         {:?}, {:?}",
+        "stack {}: attention {:?}, loss {:?}, blocks {:?}, linears {:?}, savers {:?} (saved \
+         {:?}), optimizer {:?}, {:?}",
         stack.name,
         model.attention,
         model.loss,
         model.blocks,
         model.linear,
         model.savers,
+        model.saved_precision,
         optimizer,
         precision
     );

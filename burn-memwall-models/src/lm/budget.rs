@@ -42,6 +42,8 @@ use burn_memwall::ops::fused_linear_cross_entropy::FusedCrossEntropyOptions;
 use burn_memwall::ops::packed_matmul::block_rows;
 
 use super::config::BlockWeight;
+use burn_memwall::ops::saved_rows::SavedPrecision;
+
 use super::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, MlpKind, SaverKind};
 
 use crate::Error;
@@ -119,8 +121,8 @@ impl Coding {
     /// # Errors
     /// [`Error::InvalidConfig`] for counter codes and ternary linears on pools, whose kernels'
     /// buffers are not modelled, or in half precision or with LoRA; for half precision and
-    /// LoRA on pools (measured on Flex only); and for a coded head read by Burn's loss, which
-    /// no stack uses.
+    /// LoRA on pools (measured on Flex only); for low-bit saved activations; and for a coded
+    /// head read by Burn's loss, which no stack uses.
     fn modelled(config: &LmConfig, shape: StepShape, memory: DeviceMemory) -> Result<Self, Error> {
         let coding = Self::of(config);
         let (half, lora) = (shape.float.size() == 2, shape.lora_rank.is_some());
@@ -142,6 +144,11 @@ impl Coding {
                 "the memory budget models counter and ternary linears on Flex only, not on \
                  Cube devices' pools"
                     .into(),
+            ));
+        }
+        if config.saved_precision != SavedPrecision::Full {
+            return Err(Error::InvalidConfig(
+                "the memory budget does not model low-bit saved activations yet".into(),
             ));
         }
         if coding.table && config.loss == LossKind::Burn {

@@ -1,6 +1,7 @@
 //! Configuration of the reference language model and its named sizes.
 
 use burn::config::Config;
+use burn_memwall::ops::saved_rows::SavedPrecision;
 use serde::{Deserialize, Serialize};
 
 use super::LinearKind;
@@ -100,6 +101,12 @@ pub struct LmConfig {
     /// What the norms and the MLP's activation keep for backward.
     #[config(default = "SaverKind::Burn")]
     pub savers: SaverKind,
+    /// How the saving SwiGLU keeps its two inputs for backward where the down projection is
+    /// dense (`burn_memwall::ops::swiglu::swiglu_linear`): in full, or in 8 or 4 bits rounded
+    /// stochastically. Needs `savers = Exact`; ReLU² and quantised down projections keep theirs
+    /// in full.
+    #[config(default = "SavedPrecision::Full")]
+    pub saved_precision: SavedPrecision,
     /// Feed-forward block.
     #[config(default = "MlpKind::SwiGlu")]
     pub mlp: MlpKind,
@@ -181,6 +188,13 @@ impl LmConfig {
             return fail(format!(
                 "a vocabulary of {} token has nothing to predict: the loss is 0 from the start",
                 self.vocab_size
+            ));
+        }
+        if self.saved_precision != SavedPrecision::Full && self.savers != SaverKind::Exact {
+            return fail(format!(
+                "saved_precision = {:?} needs the saving ops (savers = Exact): Burn's autodiff \
+                 keeps its activations in full",
+                self.saved_precision
             ));
         }
         if !self.d_model.is_multiple_of(self.n_heads) {

@@ -5,6 +5,7 @@ use burn::prelude::*;
 use burn::tensor::activation::{relu, silu};
 use burn_memwall::nn::Routed;
 use burn_memwall::ops::relu_squared::relu_squared;
+use burn_memwall::ops::saved_rows::SavedPrecision;
 use burn_memwall::ops::swiglu::swiglu;
 
 use super::{BlockLinear, LmConfig, MlpKind, SaverKind};
@@ -17,6 +18,8 @@ pub struct Mlp {
     down: BlockLinear,
     #[module(skip)]
     savers: SaverKind,
+    #[module(skip)]
+    saved_precision: SavedPrecision,
 }
 
 impl Mlp {
@@ -28,6 +31,7 @@ impl Mlp {
             gate: (config.mlp == MlpKind::SwiGlu).then(|| linear(d, d_ff)),
             down: linear(d_ff, d),
             savers: config.savers,
+            saved_precision: config.saved_precision,
         }
     }
 
@@ -45,7 +49,9 @@ impl Mlp {
         match (self.savers, &self.down) {
             (SaverKind::Burn, down) => down.forward(silu(gate) * up, route),
             // A dense down projection recomputes the product it reads, rather than keep it.
-            (SaverKind::Exact, BlockLinear::Dense(down)) => route.swiglu_linear(down, gate, up),
+            (SaverKind::Exact, BlockLinear::Dense(down)) => {
+                route.swiglu_linear(down, gate, up, self.saved_precision)
+            }
             (SaverKind::Exact, down) => down.forward(swiglu(gate, up), route),
         }
     }

@@ -199,6 +199,7 @@ impl RunConfig {
                 attention: self.model.attention,
                 loss: self.model.loss,
                 savers: self.model.savers,
+                saved_precision: self.model.saved_precision,
                 ..base
             };
             let changed = differences(&comparable, &self.model);

@@ -55,8 +55,8 @@ pub struct Candidate {
 pub struct Plan {
     /// In the order of [`every_stack`].
     pub candidates: Vec<Candidate>,
-    /// Stacks the budget does not model on this device (counter and ternary linears on pools),
-    /// by name.
+    /// Stacks the budget does not model on this device (counter and ternary linears on pools;
+    /// low-bit saved activations anywhere), or whose step time is not measured, by name.
     pub not_modelled: Vec<&'static str>,
 }
 

@@ -2,6 +2,8 @@
 //! turns the whole of burn-memwall on (or off) for `train` and `memgate`.
 
 use crate::Error;
+use burn_memwall::ops::saved_rows::SavedPrecision;
+
 use crate::lm::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, SaverKind};
 
 use super::StepOptimizer;
@@ -66,6 +68,7 @@ impl Stack {
             blocks: BlockKind::Standard,
             linear: LinearKind::Dense,
             savers: SaverKind::Burn,
+            saved_precision: SavedPrecision::Full,
             optimizer: StepOptimizer::AdamW,
         };
         const MEMWALL: Switches = Switches {
@@ -74,6 +77,7 @@ impl Stack {
             blocks: BlockKind::Reversible,
             linear: LinearKind::Dense,
             savers: SaverKind::Exact,
+            saved_precision: SavedPrecision::Full,
             optimizer: StepOptimizer::InBackwardFusedAdamW,
         };
         match self {
@@ -105,6 +109,8 @@ pub struct Switches {
     /// The model's matrices (see [`LinearKind`]); the norms stay dense.
     pub linear: LinearKind,
     pub savers: SaverKind,
+    /// How the saving SwiGLU keeps its inputs (with `savers` = `Exact`).
+    pub saved_precision: SavedPrecision,
     pub optimizer: StepOptimizer,
 }
 
@@ -116,6 +122,7 @@ impl Switches {
         model.blocks = self.blocks;
         model.linear = self.linear;
         model.savers = self.savers;
+        model.saved_precision = self.saved_precision;
         self.optimizer
     }
 }
@@ -134,6 +141,11 @@ const FLASH_FUSED: Switches = Switches {
     ..BASELINE
 };
 
+const SAVERS: Switches = Switches {
+    savers: SaverKind::Exact,
+    ..FLASH_FUSED
+};
+
 const fn part(name: &'static str, switches: Switches) -> NamedSwitches {
     NamedSwitches { name, switches }
 }
@@ -142,7 +154,7 @@ const fn part(name: &'static str, switches: Switches) -> NamedSwitches {
 /// stacks. The
 /// reversible rows have the baseline's parameters in another architecture; the linear rows
 /// change the blocks' linears only (embeddings, norms and head stay dense).
-pub const PARTS: [NamedSwitches; 15] = [
+pub const PARTS: [NamedSwitches; 17] = [
     part(
         "flash-attention",
         Switches {
@@ -158,11 +170,19 @@ pub const PARTS: [NamedSwitches; 15] = [
         },
     ),
     part("flash+fused", FLASH_FUSED),
+    part("flash+fused+savers", SAVERS),
     part(
-        "flash+fused+savers",
+        "flash+fused+savers-int8",
         Switches {
-            savers: SaverKind::Exact,
-            ..FLASH_FUSED
+            saved_precision: SavedPrecision::Int8,
+            ..SAVERS
+        },
+    ),
+    part(
+        "flash+fused+savers-int4",
+        Switches {
+            saved_precision: SavedPrecision::Int4,
+            ..SAVERS
         },
     ),
     part(

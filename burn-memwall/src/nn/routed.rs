@@ -15,6 +15,7 @@ use super::{
     TernaryLinear,
 };
 use crate::ops::rms_norm::rms_norm;
+use crate::ops::saved_rows::SavedPrecision;
 use crate::ops::swiglu::{swiglu, swiglu_linear};
 use crate::optim::{InBackward, param_value};
 
@@ -84,7 +85,8 @@ impl<'a> Routed<'a> {
     /// `layer.forward(swiglu(gate, up))` through [`crate::ops::swiglu::swiglu_linear`]: the
     /// same values, with a backward pass that keeps `gate` and `up` and recomputes the product,
     /// which Burn's linear keeps as its input. A LoRA-adapted `layer` reads the product through
-    /// [`Routed::linear`] instead: its adapter keeps `x·A` of it anyway.
+    /// [`Routed::linear`] instead: its adapter keeps `x·A` of it anyway. `saved` says how
+    /// `gate` and `up` are kept (see [`crate::ops::swiglu::swiglu_linear`]).
     ///
     /// # Shapes
     /// - `gate`, `up`: `[..., d_input]`
@@ -94,13 +96,14 @@ impl<'a> Routed<'a> {
         layer: &Linear,
         gate: Tensor<D>,
         up: Tensor<D>,
+        saved: SavedPrecision,
     ) -> Tensor<D> {
         if layer.weight.adapter().is_some() {
             return self.linear(layer, swiglu(gate, up));
         }
         let weight = self.param(&layer.weight, &gate);
         let bias = layer.bias.as_ref().map(|bias| self.param(bias, &gate));
-        swiglu_linear(gate, up, weight, bias)
+        swiglu_linear(gate, up, weight, bias, saved)
     }
 
     /// `layer.forward(x)` with the latent weight (and bias) routed.

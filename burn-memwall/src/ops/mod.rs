@@ -10,8 +10,9 @@
 //! - [`ternary_linear`]: BitNet b1.58's ternary linear, trained straight through;
 //! - [`stochastic_rounding`]: f32 values to bf16 or f16 without bias;
 //! - [`rms_norm`], [`swiglu`], [`relu_squared`]: a block's norm and MLP activations, keeping
-//!   for backward only what it reads (the output and one f32 per row; both inputs; nothing but
-//!   the output).
+//!   for backward only what it reads (the output and one f32 per row; both inputs, and with
+//!   [`swiglu::swiglu_linear`] not even the product the down projection reads; nothing but the
+//!   output).
 //!
 //! Each item has one path. The types a layer takes or returns too ([`crate::nn::Reduction`],
 //! [`crate::nn::GradientPass`], [`crate::nn::PackedWeight`], [`crate::nn::PackedTernary`],
@@ -33,6 +34,7 @@ pub(crate) mod momentum_update;
 pub mod packed_matmul;
 pub mod relu_squared;
 pub mod rms_norm;
+pub mod saved_rows;
 pub mod stochastic_rounding;
 pub mod swiglu;
 pub mod ternary_linear;

@@ -15,6 +15,7 @@ use burn::tensor::module::linear;
 use super::handwritten_backward::{
     BackwardContext, HandwrittenBackward, attach_backward_after, attach_backward_after_both,
 };
+use super::saved_rows::{SavedPrecision, SavedRows};
 
 /// `silu(gate) ∘ up`, `silu(a) = a · σ(a)`: Burn's arithmetic, value for value.
 ///
@@ -105,6 +106,12 @@ fn input_gradients<const D: usize>(
 /// its input, one tensor of the MLP's hidden width per token. The product exists only while
 /// the forward pass multiplies it and while the backward pass makes the weight's gradient.
 ///
+/// `saved` says how `gate` and `up` are kept: in full, or in 8 or 4 bits per value rounded
+/// stochastically ([`SavedPrecision`]). The forward pass is exact either way; in low bits the
+/// backward reads `Q(gate)` and `Q(up)`, so the weight's gradient `silu(Q(a))ᵀ·Q(b)·dy` is
+/// unbiased up to the curvature of `silu` (second order in the rounding step) and the input
+/// gradients are those at the rounded values.
+///
 /// # Shapes
 /// - `gate`, `up`: `[..., d_ff]`, one shape
 /// - `weight`: `[d_ff, d_output]` (`burn::nn::Linear`'s layout)
@@ -118,6 +125,7 @@ pub fn swiglu_linear<const D: usize>(
     up: Tensor<D>,
     weight: Tensor<2>,
     bias: Option<Tensor<1>>,
+    saved: SavedPrecision,
 ) -> Tensor<D> {
     let dims = gate.dims();
     assert_eq!(
@@ -154,8 +162,8 @@ pub fn swiglu_linear<const D: usize>(
     .flatten()
     .collect();
     let backward = SwigluLinearBackward {
-        gate: gate_rows,
-        up: up_rows,
+        gate: SavedRows::new(gate_rows, saved),
+        up: SavedRows::new(up_rows, saved),
         weight: latent,
         dims,
         up_key,
@@ -181,9 +189,9 @@ pub fn swiglu_linear<const D: usize>(
 #[derive(Debug)]
 struct SwigluLinearBackward<const D: usize> {
     /// `[rows, d_ff]`, outside the graph.
-    gate: Tensor<2>,
+    gate: SavedRows,
     /// `[rows, d_ff]`, outside the graph.
-    up: Tensor<2>,
+    up: SavedRows,
     /// `[d_ff, d_output]`, outside the graph.
     weight: Tensor<2>,
     /// The inputs' shape.
@@ -206,6 +214,7 @@ impl<const D: usize> HandwrittenBackward for SwigluLinearBackward<D> {
             up_key,
             weight_key,
         } = *self;
+        let (gate, up) = (gate.restore(), up.restore());
         let [rows, _] = gate.dims();
         let [_, d_output] = weight.dims();
         let dy = Tensor::<D>::from_dispatch(output_gradient).reshape([rows, d_output]);
