@@ -140,8 +140,9 @@ struct Args {
     /// Loss implementation; both train the same weights to the same loss.
     #[arg(long, value_enum)]
     loss: Option<LossArg>,
-    /// What the norms and the MLP's activation keep for backward; both train the same weights
-    /// to the same loss.
+    /// What the norms and the MLP's activation keep for backward: `none` and `exact` train the
+    /// same weights to the same loss; `int8` and `int4` the same forward pass, with gradients
+    /// read from rounded activations.
     #[arg(long, value_enum)]
     savers: Option<SaversArg>,
     /// auto, flex, wgpu, vulkan, metal, webgpu, cuda, rocm or cpu.
