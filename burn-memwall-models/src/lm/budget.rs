@@ -40,10 +40,9 @@ use burn_memwall::memory::budget::{
 use burn_memwall::nn::counter_loss_block_rows;
 use burn_memwall::ops::fused_linear_cross_entropy::FusedCrossEntropyOptions;
 use burn_memwall::ops::packed_matmul::block_rows;
-
-use super::config::BlockWeight;
 use burn_memwall::ops::saved_rows::SavedPrecision;
 
+use super::config::BlockWeight;
 use super::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, MlpKind, SaverKind};
 
 use crate::Error;

@@ -1,9 +1,9 @@
 //! The named stacks: each a set of the model's and the optimizer's switches, so that one flag
 //! turns the whole of burn-memwall on (or off) for `train` and `memgate`.
 
-use crate::Error;
 use burn_memwall::ops::saved_rows::SavedPrecision;
 
+use crate::Error;
 use crate::lm::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, SaverKind};
 
 use super::StepOptimizer;

@@ -15,9 +15,9 @@ pub enum SavedPrecision {
     /// As computed.
     #[default]
     Full,
-    /// Codes `−127..=127` times the row's `max |x| / 127`: 1 byte per value, 4 per row.
+    /// Codes `−127..=127` times the row's `max |x| / 127`: 1 byte per value and 4 per row.
     Int8,
-    /// Codes `−7..=7` times the row's `max |x| / 7`: half a byte per value, 4 per row.
+    /// Codes `−7..=7` times the row's `max |x| / 7`: half a byte per value and 4 per row.
     Int4,
 }
 
