@@ -178,15 +178,17 @@ fn savers_give_the_same_loss_and_gradients() {
     }
 }
 
-/// Int8 saves change only what the SwiGLU's backward reads: the same loss, and every gradient
-/// within 2% of the exact savers' (a step is 1/127 of a row's largest value). One draw of
-/// int4's steps (1/7) moves single gradients further; `tests/savers.rs` checks both on
-/// average.
+/// Int8 saves change only what the MLP activation's backward reads (SwiGLU's inputs, ReLU²'s
+/// `relu(u)`): the same loss, and every gradient within 2% of the exact savers' (a step is
+/// 1/127 of a row's largest value). One draw of int4's steps (1/7) moves single gradients
+/// further; `tests/savers.rs` checks both on average.
 #[test]
 fn int8_savers_give_the_same_loss_and_nearby_gradients() {
-    let exact = small_gqa().with_savers(SaverKind::Exact);
-    let int8 = exact.clone().with_saved_precision(SavedPrecision::Int8);
-    assert_same_loss_and_gradients(exact, int8, 2e-2);
+    for mlp in [MlpKind::SwiGlu, MlpKind::ReluSquared] {
+        let exact = small_gqa().with_mlp(mlp).with_savers(SaverKind::Exact);
+        let int8 = exact.clone().with_saved_precision(SavedPrecision::Int8);
+        assert_same_loss_and_gradients(exact, int8, 2e-2);
+    }
 }
 
 #[test]

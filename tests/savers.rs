@@ -1,5 +1,5 @@
 //! The ops that keep less for backward than Burn's autodiff of their composed forms
-//! (`rms_norm`, `swiglu`, `swiglu_linear`, `relu_squared`): values and gradients against Burn's
+//! (`rms_norm`, `swiglu`, `swiglu_linear`, `relu_squared`, `relu_squared_linear`): values and gradients against Burn's
 //! own arithmetic differentiated in f64, on every device; and what each keeps for backward, on
 //! Flex.
 
@@ -10,7 +10,7 @@ use burn::tensor::DType;
 use burn::tensor::activation::{relu, silu};
 use burn::tensor::module::linear;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter};
-use burn_memwall::ops::relu_squared::relu_squared;
+use burn_memwall::ops::relu_squared::{relu_squared, relu_squared_linear};
 use burn_memwall::ops::rms_norm::rms_norm;
 use burn_memwall::ops::saved_rows::SavedPrecision;
 use burn_memwall::ops::swiglu::{swiglu, swiglu_linear};
@@ -48,12 +48,17 @@ fn burn_swiglu(inputs: Vec<Tensor<2>>) -> Tensor<2> {
     silu(gate) * up
 }
 
-/// The weight scaled by `1/√d_ff`, as a linear's initialisation scales it: the product's sums
-/// then stay about as large as their terms, which a bf16 run's bound is written for.
-fn swiglu_linear_op(inputs: Vec<Tensor<2>>) -> Tensor<2> {
+/// `swiglu_linear` keeping its inputs in `precision`, its weight scaled by `1/√d_ff`, as a
+/// linear's initialisation scales it: the product's sums then stay about as large as their
+/// terms, which a bf16 run's bound is written for.
+fn low_bit_swiglu_linear(inputs: Vec<Tensor<2>>, precision: SavedPrecision) -> Tensor<2> {
     let [gate, up, weight] = <[Tensor<2>; 3]>::try_from(inputs).unwrap();
     let scale = (weight.dims()[0] as f64).sqrt().recip();
-    swiglu_linear(gate, up, weight * scale, None, SavedPrecision::Full)
+    swiglu_linear(gate, up, weight * scale, None, precision)
+}
+
+fn swiglu_linear_op(inputs: Vec<Tensor<2>>) -> Tensor<2> {
+    low_bit_swiglu_linear(inputs, SavedPrecision::Full)
 }
 
 fn burn_swiglu_linear(inputs: Vec<Tensor<2>>) -> Tensor<2> {
@@ -70,12 +75,29 @@ fn burn_relu_squared(inputs: Vec<Tensor<2>>) -> Tensor<2> {
     relu(inputs.into_iter().next().unwrap()).powi_scalar(2)
 }
 
+/// `relu_squared_linear` keeping `relu(u)` in `precision`, its weight scaled as SwiGLU's.
+fn low_bit_relu_squared_linear(inputs: Vec<Tensor<2>>, precision: SavedPrecision) -> Tensor<2> {
+    let [u, weight] = <[Tensor<2>; 2]>::try_from(inputs).unwrap();
+    let scale = (weight.dims()[0] as f64).sqrt().recip();
+    relu_squared_linear(u, weight * scale, None, precision)
+}
+
+fn relu_squared_linear_op(inputs: Vec<Tensor<2>>) -> Tensor<2> {
+    low_bit_relu_squared_linear(inputs, SavedPrecision::Full)
+}
+
+fn burn_relu_squared_linear(inputs: Vec<Tensor<2>>) -> Tensor<2> {
+    let [u, weight] = <[Tensor<2>; 2]>::try_from(inputs).unwrap();
+    let scale = (weight.dims()[0] as f64).sqrt().recip();
+    linear(relu(u).powi_scalar(2), weight * scale, None)
+}
+
 /// The shapes of an op's inputs for `rows` rows of `width`.
 type Shapes = fn(usize, usize) -> Vec<[usize; 2]>;
 
 /// Each op, its Burn form, and its inputs' shapes: the norm's scale is `[1, d]`, the linear's
 /// weight `[d_ff, d_output]`.
-const CASES: [(&str, Op, Op, Shapes); 4] = [
+const CASES: [(&str, Op, Op, Shapes); 5] = [
     ("rms_norm", norm, burn_norm, |rows, d| {
         vec![[rows, d], [1, d]]
     }),
@@ -94,6 +116,12 @@ const CASES: [(&str, Op, Op, Shapes); 4] = [
         burn_relu_squared,
         |rows, d| vec![[rows, d]],
     ),
+    (
+        "relu_squared_linear",
+        relu_squared_linear_op,
+        burn_relu_squared_linear,
+        |rows, d| vec![[rows, d], [d, d / 2 + 3]],
+    ),
 ];
 
 /// The inputs of a case, as host values: scale 2, so that about half of ReLU's inputs are
@@ -110,7 +138,7 @@ fn case_inputs(shapes: &[[usize; 2]]) -> Vec<TensorData> {
 /// `op`'s output and each tracked input's gradient of `Σ out · dy` on `device` in `dtype`,
 /// as host values (`None` for an input that is not tracked).
 fn forward_backward(
-    op: Op,
+    op: impl Fn(Vec<Tensor<2>>) -> Tensor<2>,
     inputs: &[TensorData],
     tracked: &[bool],
     device: &Device,
@@ -193,7 +221,7 @@ fn each_op_computes_burns_values_and_gradients() {
 /// Heap bytes `op` leaves allocated after its forward pass beyond its own output, with every
 /// input tracked and handed over, as a layer hands over its activations: what its graph keeps
 /// for the backward pass, the inputs it holds on to included.
-fn kept_beyond_the_output(op: Op, shapes: &[[usize; 2]]) -> u64 {
+fn kept_beyond_the_output(op: impl Fn(Vec<Tensor<2>>) -> Tensor<2>, shapes: &[[usize; 2]]) -> u64 {
     let device = Device::flex().autodiff();
     let meter = MemoryMeter::new(&device);
     meter.warm_matmul_threads();
@@ -217,7 +245,8 @@ const GRAPH_SLACK: u64 = 16 << 10;
 /// where Burn's keeps its input and `x / rms` (two rows' `4·d` bytes more); SwiGLU keeps its
 /// inputs, where Burn's keeps `σ(a)` and `silu(a)` too; SwiGLU with the linear its inputs and
 /// the weight, where Burn's keeps the product too; ReLU² nothing beside its output, where
-/// Burn's keeps `relu(u)`.
+/// Burn's keeps `relu(u)`; ReLU² with the linear `relu(u)` and the weight, where Burn's keeps
+/// the square too.
 #[test]
 fn each_op_keeps_only_what_its_backward_reads() {
     let _turn = common::take_turn();
@@ -231,6 +260,10 @@ fn each_op_keeps_only_what_its_backward_reads() {
             "swiglu_linear" => {
                 let [d_ff, d_output] = shapes[2];
                 (2 * tensor + 4 * (d_ff * d_output) as u64, 3 * tensor)
+            }
+            "relu_squared_linear" => {
+                let [d_ff, d_output] = shapes[1];
+                (tensor + 4 * (d_ff * d_output) as u64, tensor)
             }
             _ => (0, tensor),
         };
@@ -248,107 +281,133 @@ fn each_op_keeps_only_what_its_backward_reads() {
     }
 }
 
-/// `swiglu_linear` keeping its inputs in `precision`, its weight scaled as in the exact case.
-fn low_bit_swiglu_linear(inputs: Vec<Tensor<2>>, precision: SavedPrecision) -> Tensor<2> {
-    let [gate, up, weight] = <[Tensor<2>; 3]>::try_from(inputs).unwrap();
-    let scale = (weight.dims()[0] as f64).sqrt().recip();
-    swiglu_linear(gate, up, weight * scale, None, precision)
-}
+/// An MLP node that can keep its activations in low bits, its Burn form, and how many of its
+/// inputs (the first ones) it keeps.
+type LowBitCase = (
+    &'static str,
+    fn(Vec<Tensor<2>>, SavedPrecision) -> Tensor<2>,
+    Op,
+    usize,
+);
 
-/// On `[256, 512]` inputs, the node keeps its inputs in one byte (int8) or half a byte (int4)
-/// per value and one f32 scale per row, beside the weight: the exact node's `8·d` bytes per
-/// row become `2·d + 8` or `d + 8`.
+const LOW_BIT_CASES: [LowBitCase; 2] = [
+    (
+        "swiglu_linear",
+        low_bit_swiglu_linear,
+        burn_swiglu_linear,
+        2,
+    ),
+    (
+        "relu_squared_linear",
+        low_bit_relu_squared_linear,
+        burn_relu_squared_linear,
+        1,
+    ),
+];
+
+/// On `[256, 512]` inputs, each node keeps its activations in one byte (int8) or half a byte
+/// (int4) per value and one f32 scale per row, beside the weight: `4·d` bytes per row and kept
+/// input become `d + 4` or `d/2 + 4`.
 #[test]
 fn low_bit_saves_keep_a_byte_or_half_a_byte_per_value() {
     let _turn = common::take_turn();
     let (rows, d) = (256, 512);
-    let shapes = [[rows, d], [rows, d], [d, d / 2 + 3]];
     let weight = 4 * (d * (d / 2 + 3)) as u64;
-    let int8: Op = |inputs| low_bit_swiglu_linear(inputs, SavedPrecision::Int8);
-    let int4: Op = |inputs| low_bit_swiglu_linear(inputs, SavedPrecision::Int4);
-    for (name, op, bytes_per_row) in [("int8", int8, 2 * d + 8), ("int4", int4, d + 8)] {
-        let kept = kept_beyond_the_output(op, &shapes);
-        let expected = weight + (rows * bytes_per_row) as u64;
-        assert!(
-            kept <= expected + GRAPH_SLACK && kept + GRAPH_SLACK >= expected,
-            "{name} keeps {kept} bytes beyond its output, expected {expected}"
-        );
+    for (name, op, _, kept_inputs) in LOW_BIT_CASES {
+        let mut shapes = vec![[rows, d]; kept_inputs];
+        shapes.push([d, d / 2 + 3]);
+        for (precision, bytes_per_row) in [
+            (SavedPrecision::Int8, d + 4),
+            (SavedPrecision::Int4, d / 2 + 4),
+        ] {
+            let kept = kept_beyond_the_output(|inputs| op(inputs, precision), &shapes);
+            let expected = weight + (kept_inputs * rows * bytes_per_row) as u64;
+            assert!(
+                kept <= expected + GRAPH_SLACK && kept + GRAPH_SLACK >= expected,
+                "{name} in {precision:?} keeps {kept} bytes beyond its output, expected \
+                 {expected}"
+            );
+        }
     }
 }
 
-/// The weight gradient read from stochastically rounded inputs is the exact one on average:
-/// over 64 draws its mean is within 0.3× of the error round-to-nearest makes (which is
+/// The weight gradient read from stochastically rounded activations is the exact one on
+/// average: over 64 draws its mean is within 0.3× of the error round-to-nearest makes (which is
 /// deterministic, so no number of draws would bring it closer; measured 0.075× over 256 draws,
-/// so about 0.15× here), in int8 and int4, on every device. The widths are not multiples of a
-/// word's codes, so the packing pads.
+/// so about 0.15× here), for each node, in int8 and int4, on every device. The widths are not
+/// multiples of a word's codes, so the packing pads.
 #[test]
 fn low_bit_weight_gradients_are_unbiased() {
     let _turn = common::take_turn();
     let (rows, d_ff, d) = (32, 45, 7);
-    let inputs = case_inputs(&[[rows, d_ff], [rows, d_ff], [d_ff, d]]);
     let host = Device::flex().autodiff();
-    let reference = |inputs: &[TensorData], device: &Device, dtype: DType| {
-        forward_backward(
-            burn_swiglu_linear,
-            inputs,
-            &[false, false, true],
-            device,
-            dtype,
-        )
-        .1[2]
-            .clone()
-            .unwrap()
-            .try_into_vec_as::<f64>()
-            .unwrap()
-    };
-    let exact = reference(&inputs, &host, DType::F64);
-    let distance = |got: &[f64]| {
-        let squares = got.iter().zip(&exact).map(|(g, w)| (g - w).powi(2));
-        squares.sum::<f64>().sqrt()
-    };
-    for (precision, limit) in [(SavedPrecision::Int8, 127.0), (SavedPrecision::Int4, 7.0)] {
-        // Round to nearest on the host, each row to `limit` steps of its largest value.
-        let nearest: Vec<TensorData> = inputs
-            .iter()
-            .enumerate()
-            .map(|(index, data)| match index {
-                2 => data.clone(),
-                _ => {
-                    let values = data.try_to_vec::<f32>().unwrap();
-                    let rounded: Vec<f32> = values
-                        .chunks(d_ff)
-                        .flat_map(|row| {
-                            let step = row.iter().fold(0f32, |m, v| m.max(v.abs())) / limit;
-                            row.iter().map(move |v| (v / step).round() * step)
-                        })
-                        .collect();
-                    TensorData::new(rounded, [rows, d_ff])
+    for (name, op, burn_form, kept_inputs) in LOW_BIT_CASES {
+        let mut shapes = vec![[rows, d_ff]; kept_inputs];
+        shapes.push([d_ff, d]);
+        let inputs = case_inputs(&shapes);
+        let mut tracked = vec![false; kept_inputs];
+        tracked.push(true);
+        let weight_gradient = |op: &dyn Fn(Vec<Tensor<2>>) -> Tensor<2>,
+                               inputs: &[TensorData],
+                               device: &Device,
+                               dtype: DType| {
+            forward_backward(op, inputs, &tracked, device, dtype).1[kept_inputs]
+                .clone()
+                .unwrap()
+                .try_into_vec_as::<f64>()
+                .unwrap()
+        };
+        let exact = weight_gradient(&burn_form, &inputs, &host, DType::F64);
+        let distance = |got: &[f64]| {
+            let squares = got.iter().zip(&exact).map(|(g, w)| (g - w).powi(2));
+            squares.sum::<f64>().sqrt()
+        };
+        // What the node keeps of an input value: ReLU²'s keeps `relu(u)`.
+        let kept = |v: f32| match kept_inputs {
+            1 => v.max(0.0),
+            _ => v,
+        };
+        for (precision, limit) in [(SavedPrecision::Int8, 127.0), (SavedPrecision::Int4, 7.0)] {
+            // Round what the node keeps to nearest on the host, each row to `limit` steps of
+            // its largest value.
+            let nearest: Vec<TensorData> = inputs
+                .iter()
+                .enumerate()
+                .map(|(index, data)| match index < kept_inputs {
+                    false => data.clone(),
+                    true => {
+                        let values = data.try_to_vec::<f32>().unwrap();
+                        let rounded: Vec<f32> = values
+                            .chunks(d_ff)
+                            .flat_map(|row| {
+                                let step =
+                                    row.iter().fold(0f32, |m, &v| m.max(kept(v).abs())) / limit;
+                                row.iter().map(move |&v| (kept(v) / step).round() * step)
+                            })
+                            .collect();
+                        TensorData::new(rounded, [rows, d_ff])
+                    }
+                })
+                .collect();
+            let nearest_error = distance(&weight_gradient(&burn_form, &nearest, &host, DType::F64));
+            for device in common::devices() {
+                let device = device.autodiff();
+                let draws = 64;
+                let mut mean = vec![0f64; d_ff * d];
+                for _ in 0..draws {
+                    let low_bit = |inputs| op(inputs, precision);
+                    let grad = weight_gradient(&low_bit, &inputs, &device, DType::F32);
+                    for (m, g) in mean.iter_mut().zip(grad) {
+                        *m += g / draws as f64;
+                    }
                 }
-            })
-            .collect();
-        let nearest_error = distance(&reference(&nearest, &host, DType::F64));
-        for device in common::devices() {
-            let device = device.autodiff();
-            let draws = 64;
-            let mut mean = vec![0f64; d_ff * d];
-            for _ in 0..draws {
-                let op: Op = match precision {
-                    SavedPrecision::Int8 => |i| low_bit_swiglu_linear(i, SavedPrecision::Int8),
-                    _ => |i| low_bit_swiglu_linear(i, SavedPrecision::Int4),
-                };
-                let (_, grads) =
-                    forward_backward(op, &inputs, &[false, false, true], &device, DType::F32);
-                let grad = grads[2].clone().unwrap().try_into_vec_as::<f64>().unwrap();
-                for (m, g) in mean.iter_mut().zip(grad) {
-                    *m += g / draws as f64;
-                }
+                let error = distance(&mean);
+                assert!(
+                    error < 0.3 * nearest_error,
+                    "{name} in {precision:?} on {device:?}: the mean gradient is {error:e} from \
+                     the exact one, round-to-nearest's {nearest_error:e}"
+                );
             }
-            let error = distance(&mean);
-            assert!(
-                error < 0.3 * nearest_error,
-                "{precision:?} on {device:?}: the mean gradient is {error:e} from the exact one, \
-                 round-to-nearest's {nearest_error:e}"
-            );
         }
     }
 }

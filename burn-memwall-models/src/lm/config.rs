@@ -101,10 +101,11 @@ pub struct LmConfig {
     /// What the norms and the MLP's activation keep for backward.
     #[config(default = "SaverKind::Burn")]
     pub savers: SaverKind,
-    /// How the saving SwiGLU keeps its two inputs for backward where the down projection is
-    /// dense (`burn_memwall::ops::swiglu::swiglu_linear`): in full, or in 8 or 4 bits rounded
-    /// stochastically. Needs `savers = Exact`; ReLU² and quantised down projections keep theirs
-    /// in full.
+    /// How the MLP's activation keeps what its backward reads where the down projection is
+    /// dense (SwiGLU's two inputs, `burn_memwall::ops::swiglu::swiglu_linear`; ReLU²'s
+    /// `relu(u)`, `burn_memwall::ops::relu_squared::relu_squared_linear`): in full, or in 8 or
+    /// 4 bits rounded stochastically. Needs `savers = Exact`; quantised down projections keep
+    /// theirs in full.
     #[config(default = "SavedPrecision::Full")]
     pub saved_precision: SavedPrecision,
     /// Feed-forward block.

@@ -39,11 +39,17 @@ impl Mlp {
     pub fn forward(&self, x: Tensor<3>, route: Routed) -> Tensor<3> {
         let Some(gate) = &self.gate else {
             let up = self.up.forward(x, route);
-            let hidden = match self.savers {
-                SaverKind::Burn => relu(up).powi_scalar(2),
-                SaverKind::Exact => relu_squared(up),
+            return match (self.savers, &self.down) {
+                (SaverKind::Burn, down) => down.forward(relu(up).powi_scalar(2), route),
+                // In full, the activation and the down projection keep one tensor between
+                // them (the square) as separate ops; in low bits, one node keeps `relu(up)`.
+                (SaverKind::Exact, BlockLinear::Dense(down))
+                    if self.saved_precision != SavedPrecision::Full =>
+                {
+                    route.relu_squared_linear(down, up, self.saved_precision)
+                }
+                (SaverKind::Exact, down) => down.forward(relu_squared(up), route),
             };
-            return self.down.forward(hidden, route);
         };
         let (gate, up) = (gate.forward(x.clone(), route), self.up.forward(x, route));
         match (self.savers, &self.down) {

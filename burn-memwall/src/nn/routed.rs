@@ -14,6 +14,7 @@ use super::{
     FlashTransformerEncoder, FlashTransformerEncoderInput, FusedLinearCrossEntropyLoss,
     TernaryLinear,
 };
+use crate::ops::relu_squared::{relu_squared, relu_squared_linear};
 use crate::ops::rms_norm::rms_norm;
 use crate::ops::saved_rows::SavedPrecision;
 use crate::ops::swiglu::{swiglu, swiglu_linear};
@@ -104,6 +105,27 @@ impl<'a> Routed<'a> {
         let weight = self.param(&layer.weight, &gate);
         let bias = layer.bias.as_ref().map(|bias| self.param(bias, &gate));
         swiglu_linear(gate, up, weight, bias, saved)
+    }
+
+    /// `layer.forward(relu(u)²)` through [`crate::ops::relu_squared::relu_squared_linear`]:
+    /// the same values, with a backward pass that keeps `relu(u)` as `saved` says. A
+    /// LoRA-adapted `layer` reads the square through [`Routed::linear`] instead.
+    ///
+    /// # Shapes
+    /// - `u`: `[..., d_input]`
+    /// - output: `[..., d_output]`
+    pub fn relu_squared_linear<const D: usize>(
+        &self,
+        layer: &Linear,
+        u: Tensor<D>,
+        saved: SavedPrecision,
+    ) -> Tensor<D> {
+        if layer.weight.adapter().is_some() {
+            return self.linear(layer, relu_squared(u));
+        }
+        let weight = self.param(&layer.weight, &u);
+        let bias = layer.bias.as_ref().map(|bias| self.param(bias, &u));
+        relu_squared_linear(u, weight, bias, saved)
     }
 
     /// `layer.forward(x)` with the latent weight (and bias) routed.

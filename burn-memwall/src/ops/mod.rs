@@ -12,7 +12,8 @@
 //! - [`rms_norm`], [`swiglu`], [`relu_squared`]: a block's norm and MLP activations, keeping
 //!   for backward only what it reads (the output and one f32 per row; both inputs, and with
 //!   [`swiglu::swiglu_linear`] not even the product the down projection reads; nothing but the
-//!   output).
+//!   output, or with [`relu_squared::relu_squared_linear`] `relu(u)` in its place); with
+//!   [`saved_rows::SavedPrecision`] the MLP's node keeps its activations in 8 or 4 bits.
 //!
 //! Each item has one path. The types a layer takes or returns too ([`crate::nn::Reduction`],
 //! [`crate::nn::GradientPass`], [`crate::nn::PackedWeight`], [`crate::nn::PackedTernary`],
@@ -28,6 +29,7 @@ pub mod counter_linear;
 mod cube;
 pub mod flash_attention;
 mod flex;
+mod folded_linear;
 pub mod fused_linear_cross_entropy;
 pub(crate) mod handwritten_backward;
 pub(crate) mod momentum_update;

@@ -12,6 +12,7 @@ use burn::prelude::*;
 use burn::tensor::activation::{sigmoid, silu};
 use burn::tensor::module::linear;
 
+use super::folded_linear::{FoldedLinear, plus_bias};
 use super::handwritten_backward::{
     BackwardContext, HandwrittenBackward, attach_backward_after, attach_backward_after_both,
 };
@@ -127,36 +128,22 @@ pub fn swiglu_linear<const D: usize>(
     bias: Option<Tensor<1>>,
     saved: SavedPrecision,
 ) -> Tensor<D> {
-    let dims = gate.dims();
     assert_eq!(
-        dims,
+        gate.dims(),
         up.dims(),
         "swiglu_linear: the gate's shape is not the up projection's"
     );
-    let [d_ff, d_output] = weight.dims();
-    assert_eq!(
-        dims[D - 1],
-        d_ff,
-        "swiglu_linear: the weight takes {d_ff} inputs, the gate has {}",
-        dims[D - 1]
-    );
+    let down = FoldedLinear::new("swiglu_linear", gate.dims(), &weight);
     let tracked = [gate.is_tracked(), up.is_tracked(), weight.is_tracked()];
     if !(gate.is_autodiff() && tracked.contains(&true)) {
         return linear(silu(gate) * up, weight, bias);
     }
-    let rows = dims[..D - 1].iter().product();
-    let gate_rows = gate.clone().inner().reshape([rows, d_ff]);
-    let up_rows = up.clone().inner().reshape([rows, d_ff]);
-    let latent = weight.clone().inner();
-    let product = silu(gate_rows.clone()) * up_rows.clone();
-    let mut out = dims;
-    out[D - 1] = d_output;
-    let y = Tensor::from_inner(product.matmul(latent.clone()).reshape(out));
+    let (gate_rows, up_rows) = (down.rows(&gate), down.rows(&up));
+    let y = down.forward(silu(gate_rows.clone()) * up_rows.clone());
     let up_key = up.is_tracked().then(ParamId::new);
-    let weight_key = weight.is_tracked().then(ParamId::new);
     let others = [
         up_key.map(|key| (key, up.clone().into_dispatch())),
-        weight_key.map(|key| (key, weight.clone().into_dispatch())),
+        down.tracked_weight(&weight),
     ]
     .into_iter()
     .flatten()
@@ -164,10 +151,8 @@ pub fn swiglu_linear<const D: usize>(
     let backward = SwigluLinearBackward {
         gate: SavedRows::new(gate_rows, saved),
         up: SavedRows::new(up_rows, saved),
-        weight: latent,
-        dims,
+        down,
         up_key,
-        weight_key,
     };
     // `up` and the weight are parents too, so that autodiff reaches them (the up projection's
     // backward, an update hook on the weight) after this node has handed over their gradients.
@@ -178,10 +163,7 @@ pub fn swiglu_linear<const D: usize>(
         y,
         BackwardContext::new(Box::new(backward), others),
     );
-    match bias {
-        Some(bias) => y + bias.unsqueeze(),
-        None => y,
-    }
+    plus_bias(y, bias)
 }
 
 /// The backward of [`swiglu_linear`]: `dW = hᵀ·dy` with `h = silu(a) ∘ b` recomputed,
@@ -192,12 +174,8 @@ struct SwigluLinearBackward<const D: usize> {
     gate: SavedRows,
     /// `[rows, d_ff]`, outside the graph.
     up: SavedRows,
-    /// `[d_ff, d_output]`, outside the graph.
-    weight: Tensor<2>,
-    /// The inputs' shape.
-    dims: [usize; D],
+    down: FoldedLinear<D>,
     up_key: Option<ParamId>,
-    weight_key: Option<ParamId>,
 }
 
 impl<const D: usize> HandwrittenBackward for SwigluLinearBackward<D> {
@@ -209,20 +187,13 @@ impl<const D: usize> HandwrittenBackward for SwigluLinearBackward<D> {
         let SwigluLinearBackward {
             gate,
             up,
-            weight,
-            dims,
+            down,
             up_key,
-            weight_key,
         } = *self;
         let (gate, up) = (gate.restore(), up.restore());
-        let [rows, _] = gate.dims();
-        let [_, d_output] = weight.dims();
-        let dy = Tensor::<D>::from_dispatch(output_gradient).reshape([rows, d_output]);
-        if let Some(key) = weight_key {
-            let product = silu(gate.clone()) * up.clone();
-            param_gradient(key, product.transpose().matmul(dy.clone()).into_dispatch());
-        }
-        let dh = dy.matmul(weight.transpose());
+        let product = || silu(gate.clone()) * up.clone();
+        let dh = down.backward(output_gradient, product, param_gradient);
+        let dims = down.dims();
         let d_up = up_key.map(|key| {
             move |d_up: Tensor<2>| param_gradient(key, d_up.reshape(dims).into_dispatch())
         });
