@@ -7,14 +7,18 @@ use burn::prelude::*;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn_memwall::nn::{KeyValueCache, Routed};
-use burn_memwall::ops::flash_attention::{FlashAttentionOptions, flash_attention};
+use burn_memwall::ops::flash_attention::{
+    FlashAttentionOptions, flash_attention, flash_attention_saving_values,
+};
+use burn_memwall::ops::saved_rows::SavedPrecision;
 
 use super::{AttentionKind, BlockLinear, LmConfig};
 
 /// `softmax(QKᵀ/√d_head + causal mask) V` with `n_kv_heads` key/value heads shared by groups of
 /// query heads. With [`AttentionKind::Burn`] the score matrix goes through
 /// `burn::tensor::module::attention`, which under autodiff materialises `[batch, heads, seq, seq]`
-/// (the baseline); [`AttentionKind::Flash`] never does.
+/// (the baseline); [`AttentionKind::Flash`] never does, and keeps the values for backward as
+/// [`LmConfig::saved_precision`] says.
 #[derive(Module, Debug)]
 pub struct CausalSelfAttention {
     query: BlockLinear,
@@ -25,6 +29,8 @@ pub struct CausalSelfAttention {
     n_kv_heads: usize,
     #[module(skip)]
     kind: AttentionKind,
+    #[module(skip)]
+    saved_values: SavedPrecision,
 }
 
 impl CausalSelfAttention {
@@ -40,6 +46,7 @@ impl CausalSelfAttention {
             n_heads: config.n_heads,
             n_kv_heads: config.n_kv_heads,
             kind: config.attention,
+            saved_values: config.saved_precision,
         }
     }
 
@@ -84,15 +91,19 @@ impl CausalSelfAttention {
             // which flash attention does for either kind (the kinds differ only in what
             // training keeps).
             (_, cache) => {
-                let (k, v) = match cache {
-                    Some(cache) => cache.heads(|| (k, v)),
-                    None => (k, v),
-                };
                 let options = FlashAttentionOptions {
                     causal: true,
                     ..Default::default()
                 };
-                flash_attention(q, k, v, None, options)
+                match cache {
+                    Some(cache) => {
+                        let (k, v) = cache.heads(|| (k, v));
+                        flash_attention(q, k, v, None, options)
+                    }
+                    None => {
+                        flash_attention_saving_values(q, k, v, None, options, self.saved_values)
+                    }
+                }
             }
         };
         self.output

@@ -11,13 +11,17 @@
 //!   backend;
 //! - `flex.rs`: the Flex path, `tiled.rs` on Flex's tensors;
 //! - `cube.rs`: the CubeCL kernels of `burn-memwall-kernels` (every Cube runtime);
-//! - `autodiff.rs`: the handwritten backward wired into Burn's autodiff.
+//! - `autodiff.rs`: the handwritten backward wired into Burn's autodiff;
+//! - `saved_values.rs`: the same backward keeping `v` in 8 or 4 bits.
 
 mod autodiff;
 #[cfg(feature = "cube")]
 mod cube;
 mod flex;
+mod saved_values;
 mod tiled;
+
+pub use saved_values::flash_attention_saving_values;
 
 use burn::backend::tensor::{BoolTensor, FloatTensor};
 use burn::backend::{Backend, Dispatch, backend_extension};
@@ -230,7 +234,26 @@ pub fn try_flash_attention(
     mask: Option<Tensor<3, Bool>>,
     options: FlashAttentionOptions,
 ) -> Result<Tensor<4>, FlashAttentionError> {
-    check_shapes(&q, &k, &v, mask.as_ref(), &options)?;
+    let (mask, options) = prepared(&q, &k, &v, mask, options)?;
+    Ok(Tensor::from_dispatch(Dispatch::flash_attention(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        v.into_dispatch(),
+        mask.into_dispatch(),
+        options,
+    )))
+}
+
+/// The checked call's mask and options as [`FlashAttentionBackend`] takes them: the mask always
+/// given (`[1, 1, s_k]`, all false, for none), a dropout of 0 as none.
+fn prepared(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    mask: Option<Tensor<3, Bool>>,
+    options: FlashAttentionOptions,
+) -> Result<(Tensor<3, Bool>, FlashAttentionOptions), FlashAttentionError> {
+    check_shapes(q, k, v, mask.as_ref(), &options)?;
     // A dropout of 0 is no dropout, exactly and at no cost.
     let options = FlashAttentionOptions {
         dropout: options.dropout.filter(|dropout| dropout.prob > 0.0),
@@ -240,13 +263,7 @@ pub fn try_flash_attention(
     let mask = mask.unwrap_or_else(|| {
         Tensor::from_data(TensorData::new(vec![false; s_k], [1, 1, s_k]), &q.device())
     });
-    Ok(Tensor::from_dispatch(Dispatch::flash_attention(
-        q.into_dispatch(),
-        k.into_dispatch(),
-        v.into_dispatch(),
-        mask.into_dispatch(),
-        options,
-    )))
+    Ok((mask, options))
 }
 
 /// The backend extension behind [`flash_attention`]: a forward that also returns the log-sum-exp
