@@ -117,6 +117,17 @@ fn loss_and_grads(
 /// gradient for every parameter (within `tolerance` of its own size and of the largest), on
 /// every device.
 fn assert_same_loss_and_gradients(config: LmConfig, variant: LmConfig, tolerance: f32) {
+    assert_same_loss_and_mean_gradients(config, variant, tolerance, 1);
+}
+
+/// [`assert_same_loss_and_gradients`] for a variant whose gradients are random draws around
+/// `config`'s: their mean over `draws` backward passes.
+fn assert_same_loss_and_mean_gradients(
+    config: LmConfig,
+    variant: LmConfig,
+    tolerance: f32,
+    draws: usize,
+) {
     for device in common::devices() {
         let autodiff = device.clone().autodiff();
         let base_model = config.init(&autodiff).unwrap();
@@ -126,7 +137,14 @@ fn assert_same_loss_and_gradients(config: LmConfig, variant: LmConfig, tolerance
             .load_record(base_model.clone().into_record());
         let tokens = random_tokens(2, 25, config.vocab_size, &autodiff);
         let (want_loss, want) = loss_and_grads(&base_model, &tokens);
-        let (got_loss, got) = loss_and_grads(&variant_model, &tokens);
+        let (got_loss, mut got) = loss_and_grads(&variant_model, &tokens);
+        for _ in 1..draws {
+            let (_, draw) = loss_and_grads(&variant_model, &tokens);
+            for (sum, draw) in got.iter_mut().zip(draw) {
+                sum.iter_mut().zip(draw).for_each(|(s, d)| *s += d);
+            }
+        }
+        got.iter_mut().flatten().for_each(|g| *g /= draws as f32);
         assert!(
             (got_loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
             "{got_loss} vs {want_loss}"
@@ -179,15 +197,19 @@ fn savers_give_the_same_loss_and_gradients() {
 }
 
 /// Int8 saves change only what the MLP activation's backward reads (SwiGLU's inputs, ReLU²'s
-/// `relu(u)`): the same loss, and every gradient within 2% of the exact savers' (a step is
-/// 1/127 of a row's largest value). One draw of int4's steps (1/7) moves single gradients
-/// further; `tests/savers.rs` checks both on average.
+/// `relu(u)`) and flash attention's values: the same loss, and every gradient's mean over 8
+/// draws within 1% of the exact savers' (a step is 1/127 of a row's largest value; measured
+/// 0.3–0.7% over four seeds of the draws, where one draw came within 0.9 of a 2% bound).
+/// `tests/savers.rs` checks int8 and int4 op by op over many draws.
 #[test]
 fn int8_savers_give_the_same_loss_and_nearby_gradients() {
     for mlp in [MlpKind::SwiGlu, MlpKind::ReluSquared] {
-        let exact = small_gqa().with_mlp(mlp).with_savers(SaverKind::Exact);
+        let exact = small_gqa()
+            .with_mlp(mlp)
+            .with_attention(AttentionKind::Flash)
+            .with_savers(SaverKind::Exact);
         let int8 = exact.clone().with_saved_precision(SavedPrecision::Int8);
-        assert_same_loss_and_gradients(exact, int8, 2e-2);
+        assert_same_loss_and_mean_gradients(exact, int8, 1e-2, 8);
     }
 }
 

@@ -8,6 +8,7 @@
 //! - [`dropout`]: attention dropout's keep-mask, a pure function of (seed, batch, head, query,
 //!   key) that the backward regenerates;
 //! - [`rounding`]: stochastic rounding of f32 values to bf16 or f16;
+//! - [`saved_rows`]: activations kept for backward in 8 or 4 bits, rounded stochastically;
 //! - [`hash`]: the counter-based hash they draw their random numbers from.
 //!
 //! [`PackedLayout`] names which of the two a packed weight row uses. This crate holds no Burn
@@ -18,6 +19,7 @@ pub mod counter;
 pub mod dropout;
 pub mod hash;
 pub mod rounding;
+pub mod saved_rows;
 pub mod ternary;
 
 use counter::CounterCode;

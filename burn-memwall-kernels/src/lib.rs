@@ -11,7 +11,8 @@
 //! - [`packed_matmul`]: products with a packed ternary weight, decoded inside the GEMM;
 //! - [`adamw`]: the AdamW update of a parameter and its moments, in place;
 //! - [`momentum`]: the single-moment update (SGD with momentum, Lion), in place;
-//! - [`rounding`]: stochastic rounding of f32 values to bf16 or f16.
+//! - [`rounding`]: stochastic rounding of f32 values to bf16 or f16;
+//! - [`saved_rows`]: activations packed in 8 or 4 bits for backward, and restored.
 
 pub mod adamw;
 pub mod counter;
@@ -20,4 +21,5 @@ pub mod flash_attention;
 pub mod momentum;
 pub mod packed_matmul;
 pub mod rounding;
+pub mod saved_rows;
 mod softcap;
