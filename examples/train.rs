@@ -93,10 +93,11 @@ enum SaversArg {
     /// burn-memwall's norm, SwiGLU and ReLU² ops: the same values and gradients, keeping for
     /// the backward pass only what it reads.
     Exact,
-    /// `exact`, and a SwiGLU before a dense down projection keeps its two inputs in 8 bits per
-    /// value, rounded stochastically (the same forward; gradients at the rounded values).
+    /// `exact`, and in 8 bits per value, rounded stochastically: the MLP activation's inputs
+    /// before a dense down projection (SwiGLU's two, ReLU²'s `relu(u)`) and flash attention's
+    /// values (the same forward; gradients at the rounded values).
     Int8,
-    /// `int8` in 4 bits per value.
+    /// `int8` with the MLP activation's in 4 bits per value (attention's values keep 8).
     Int4,
 }
 

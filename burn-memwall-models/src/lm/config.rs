@@ -104,9 +104,9 @@ pub struct LmConfig {
     /// How the MLP's activation keeps what its backward reads where the down projection is
     /// dense (SwiGLU's two inputs, `burn_memwall::ops::swiglu::swiglu_linear`; ReLU²'s
     /// `relu(u)`, `burn_memwall::ops::relu_squared::relu_squared_linear`), and flash
-    /// attention its values (`burn_memwall::ops::flash_attention::flash_attention_saving_values`):
-    /// in full, or in 8 or 4 bits rounded stochastically. Needs `savers = Exact`; quantised down
-    /// projections and Burn's attention keep theirs in full.
+    /// attention its values (`burn_memwall::ops::flash_attention::flash_attention_saving_values`,
+    /// in 8 bits under `Int4`): in full, or in 8 or 4 bits rounded stochastically. Needs
+    /// `savers = Exact`; quantised down projections and Burn's attention keep theirs in full.
     #[config(default = "SavedPrecision::Full")]
     pub saved_precision: SavedPrecision,
     /// Feed-forward block.
