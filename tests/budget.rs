@@ -7,6 +7,7 @@ use burn::tensor::DType;
 use burn_memwall::memory::CountingAllocator;
 use burn_memwall::memory::budget::{DeviceMemory, ParameterCensus, Term};
 use burn_memwall::memory::human_bytes;
+use burn_memwall::ops::saved_rows::SavedPrecision;
 use burn_memwall::optim::LossScaleConfig;
 use burn_memwall_models::data::{DEFAULT_CORPUS, TextTokenizer};
 use burn_memwall_models::lm::{
@@ -260,19 +261,29 @@ fn the_saved_activations_are_predicted_for_every_stack() {
     });
 }
 
-/// With the saving norm and MLP ops, for both MLPs, the predicted saved activations are the
-/// measured ones. Counting Burn's norm or MLP tensors for them moves every row past the
-/// tolerance.
+/// With the saving norm and MLP ops, for both MLPs, in full and in 8 and 4 bits, the predicted
+/// saved activations are the measured ones. Counting Burn's norm or MLP tensors for them moves
+/// every row past the tolerance; counting the low-bit rows' codes as floats moves them too.
 #[test]
 fn the_saved_activations_are_predicted_with_the_saving_ops() {
     compare_saved_activations(|base| {
-        [MlpKind::SwiGlu, MlpKind::ReluSquared]
-            .into_iter()
-            .map(|mlp| {
-                let config = base.clone().with_mlp(mlp).with_savers(SaverKind::Exact);
-                (format!("{mlp:?} savers"), config, StepOptimizer::AdamW)
-            })
-            .collect()
+        let mut variants = Vec::new();
+        for mlp in [MlpKind::SwiGlu, MlpKind::ReluSquared] {
+            for precision in [
+                SavedPrecision::Full,
+                SavedPrecision::Int8,
+                SavedPrecision::Int4,
+            ] {
+                let config = base
+                    .clone()
+                    .with_mlp(mlp)
+                    .with_savers(SaverKind::Exact)
+                    .with_saved_precision(precision);
+                let label = format!("{mlp:?} savers {precision:?}");
+                variants.push((label, config, StepOptimizer::AdamW));
+            }
+        }
+        variants
     });
 }
 
@@ -359,6 +370,20 @@ fn what_is_not_modelled_is_refused_rather_than_mispredicted() {
         .with_loss(LossKind::Burn);
     let error = saved_activations(&coded_head, shape, false, DeviceMemory::Heap).unwrap_err();
     assert!(error.to_string().contains("fused loss only"), "{error}");
+    // Low-bit saves are measured in f32 on Flex without LoRA only.
+    let low_bit = LmConfig::preset("tiny")
+        .unwrap()
+        .with_savers(SaverKind::Exact)
+        .with_saved_precision(SavedPrecision::Int8);
+    assert!(saved_activations(&low_bit, shape, false, DeviceMemory::Heap).is_ok());
+    for (shape, memory) in [
+        (shape, DeviceMemory::Pools),
+        (StepShape::new(1, 8, DType::BF16), DeviceMemory::Heap),
+        (shape.with_lora_rank(Some(4)), DeviceMemory::Heap),
+    ] {
+        let error = saved_activations(&low_bit, shape, false, memory).unwrap_err();
+        assert!(error.to_string().contains("f32 on Flex"), "{error}");
+    }
 }
 
 /// The planner names the cheapest stack that fits, and when none does, the smallest budget

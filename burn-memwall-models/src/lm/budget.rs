@@ -120,8 +120,9 @@ impl Coding {
     /// # Errors
     /// [`Error::InvalidConfig`] for counter codes and ternary linears on pools, whose kernels'
     /// buffers are not modelled, or in half precision or with LoRA; for half precision and
-    /// LoRA on pools (measured on Flex only); for low-bit saved activations; and for a coded
-    /// head read by Burn's loss, which no stack uses.
+    /// LoRA on pools (measured on Flex only); for low-bit saved activations but in f32 on Flex
+    /// without LoRA (measured there only); and for a coded head read by Burn's loss, which no
+    /// stack uses.
     fn modelled(config: &LmConfig, shape: StepShape, memory: DeviceMemory) -> Result<Self, Error> {
         let coding = Self::of(config);
         let (half, lora) = (shape.float.size() == 2, shape.lora_rank.is_some());
@@ -145,9 +146,13 @@ impl Coding {
                     .into(),
             ));
         }
-        if config.saved_precision != SavedPrecision::Full {
+        if config.saved_precision != SavedPrecision::Full
+            && (half || lora || memory != DeviceMemory::Heap)
+        {
             return Err(Error::InvalidConfig(
-                "the memory budget does not model low-bit saved activations yet".into(),
+                "the memory budget models low-bit saved activations in f32 on Flex without LoRA \
+                 only"
+                    .into(),
             ));
         }
         if coding.table && config.loss == LossKind::Burn {
@@ -208,6 +213,13 @@ struct Dims {
     /// A saving SwiGLU and the dense down projection are one node that recomputes the product
     /// in backward (`swiglu_linear`), rather than the down projection keeping it.
     recomputes_product: bool,
+    /// How the MLP node keeps its activations (`saved_precision`).
+    precision: SavedPrecision,
+    /// The MLP's activation and its dense down projection are one node that keeps its inputs
+    /// in low bits (`swiglu_linear`, `relu_squared_linear`).
+    mlp_codes: bool,
+    /// Flash attention keeps its values in low bits (`flash_attention_saving_values`).
+    value_codes: bool,
 }
 
 impl Dims {
@@ -231,6 +243,13 @@ impl Dims {
                 && config.mlp == MlpKind::SwiGlu
                 && config.linear == LinearKind::Dense
                 && shape.lora_rank.is_none(),
+            precision: config.saved_precision,
+            mlp_codes: config.saved_precision != SavedPrecision::Full
+                && config.savers == SaverKind::Exact
+                && config.linear == LinearKind::Dense
+                && shape.lora_rank.is_none(),
+            value_codes: config.saved_precision != SavedPrecision::Full
+                && config.attention == AttentionKind::Flash,
         }
     }
 
@@ -268,8 +287,16 @@ impl Dims {
     /// Activation-sized tensors one MLP keeps (`c` in the formulas). Burn's: SwiGLU `gate·x`,
     /// `σ(gate·x)`, `silu`, `up·x` and the product; ReLU² `up·x`, its ReLU and the square. The
     /// saving ops: SwiGLU `gate·x`, `up·x` and the product (not the product where the down
-    /// projection recomputes it), ReLU² the square.
+    /// projection recomputes it), ReLU² the square; in low bits, the node's codes of SwiGLU's
+    /// two inputs or of ReLU²'s `relu(u)`.
     fn mlp_saved(&self, mlp: MlpKind) -> Tensors {
+        if self.mlp_codes {
+            let count = match mlp {
+                MlpKind::SwiGlu => 2,
+                MlpKind::ReluSquared => 1,
+            };
+            return self.codes(count, self.tokens, self.d_ff);
+        }
         let count = match (self.savers, mlp) {
             (SaverKind::Burn, MlpKind::SwiGlu) => 5,
             (SaverKind::Burn, MlpKind::ReluSquared) => 3,
@@ -294,7 +321,7 @@ impl Dims {
     fn fewer_block_ops(&self, mlp: MlpKind) -> u64 {
         let activation = match mlp {
             MlpKind::SwiGlu => 3 + u64::from(self.recomputes_product),
-            MlpKind::ReluSquared => 2,
+            MlpKind::ReluSquared => 2 + u64::from(self.mlp_codes),
         };
         match self.savers {
             SaverKind::Burn => 0,
@@ -332,6 +359,13 @@ impl Dims {
                 "; saving ops: each norm keeps 4·T (not x), c = {swiglu} (SwiGLU) or 1 (ReLU²)"
             );
         }
+        if self.mlp_codes || self.value_codes {
+            note += &format!(
+                "; {:?}: the MLP node's c tensors and flash attention's v in codes \
+                 (bits/8 per value, 4 B per row)",
+                self.precision
+            );
+        }
         note
     }
 
@@ -362,6 +396,29 @@ impl Dims {
     /// `count` `[T, d_kv]` tensors.
     fn td_kv(&self, count: u64) -> Tensors {
         self.floats(count, self.tokens * self.d_kv)
+    }
+
+    /// `count` activations `[rows, width]` in the low-bit codes of `saved_precision`.
+    fn codes(&self, count: u64, rows: u64, width: u64) -> Tensors {
+        let bytes = self
+            .precision
+            .coded_bytes(rows as usize, width as usize)
+            .expect("codes of a low-bit precision");
+        Tensors::new(count, bytes as u64)
+    }
+
+    /// What flash attention keeps of k and v: both in full, or v in codes of 8 bits whatever
+    /// the MLP's (rows of `d_head`).
+    fn keys_and_values(&self) -> Vec<Tensors> {
+        match self.value_codes {
+            false => vec![self.td_kv(2)],
+            true => {
+                let d_head = self.d / self.heads;
+                let rows = (self.tokens * self.d_kv / d_head) as usize;
+                let codes = SavedPrecision::Int8.coded_bytes(rows, d_head as usize);
+                vec![self.td_kv(1), Tensors::new(1, codes.unwrap() as u64)]
+            }
+        }
     }
 
     /// `count` `[vocab, d]` tensors: the token table's size.
@@ -473,9 +530,9 @@ fn standard_layer(
             // (f32).
             attention: norm
                 .into_iter()
+                .chain(dims.keys_and_values())
                 .chain([
                     dims.td(3),
-                    dims.td_kv(2),
                     dims.adapter_products(3),
                     Tensors::new(1, bool_bytes * dims.batch * dims.seq),
                     dims.rows(1, 4),
@@ -483,7 +540,12 @@ fn standard_layer(
                 .collect(),
             after_attention,
             formula: "4·(8·T·d + 2·T·d_kv + c·T·d_ff + B·H·S + 4·T) + b·B·S",
-            ops: 60 + coded_ops + adapter_ops - dims.fewer_block_ops(config.mlp),
+            // Keeping the values in codes, the attention is a handwritten node (one op before).
+            ops: 60
+                + coded_ops
+                + adapter_ops
+                + u64::from(dims.value_codes) * (HANDWRITTEN_NODE_OPS - 1)
+                - dims.fewer_block_ops(config.mlp),
         },
     }
 }
@@ -1010,21 +1072,39 @@ pub fn step_budget(
     // the down projection's backward and the product beside it, with its matmuls' copies,
     // then the activation's four gradients at once (the product's, `σ(g)`, the up
     // projection's and the gate's as it is made) beside the weight's gradient, with none.
-    let (mlp_backward, down_matmuls) = match dims.recomputes_product {
-        true => {
+    // In low bits the node first restores what it kept, beside its codes' place: SwiGLU's
+    // two inputs, or ReLU²'s `relu(u)`, which its node squares again for the weight's gradient
+    // and then multiplies into the input gradient (`dh`, `dh·r`, `2·dh·r`).
+    let restored = match (dims.mlp_codes, config.mlp) {
+        (false, _) => 0,
+        (true, MlpKind::SwiGlu) => 2,
+        (true, MlpKind::ReluSquared) => 1,
+    };
+    let (mlp_backward, down_matmuls) = match (dims.recomputes_product, dims.mlp_codes) {
+        (true, _) => {
             let in_f32 = Tensors::new(1, f32_copies(&linear_backward(d_ff, d)));
             let matmuls = down_backward
                 .into_iter()
-                .chain([dims.tf(1), in_f32])
+                .chain([dims.tf(1 + restored), in_f32])
                 .collect();
-            let activation = vec![dims.tf(4), Tensors::new(1, fd)];
+            let activation = vec![dims.tf(4 + restored), Tensors::new(1, fd)];
             (larger(matmuls, activation), Vec::new())
         }
-        false => (
+        (false, true) => {
+            let matmuls = down_backward
+                .into_iter()
+                .chain([dims.tf(1 + restored)])
+                .collect();
+            let activation = vec![dims.tf(3), Tensors::new(1, fd)];
+            (larger(matmuls, activation), Vec::new())
+        }
+        (false, false) => (
             larger(down_backward, dims.activation_backward(config.mlp)),
             linear_backward(d_ff, d),
         ),
     };
+    // Flash attention's values restored from their codes for its backward.
+    let restored_values = dims.td_kv(u64::from(dims.value_codes));
 
     let mut phases = Vec::new();
     match (config.loss, coding.table) {
@@ -1164,9 +1244,12 @@ pub fn step_budget(
                 }
                 let op = match config.attention {
                     AttentionKind::Burn => vec![dims.scores(copies)],
-                    AttentionKind::Flash => {
-                        vec![dims.td(1), dims.td_kv(3), dims.floats(4, SCORE_TILE)]
-                    }
+                    AttentionKind::Flash => vec![
+                        dims.td(1),
+                        dims.td_kv(3),
+                        dims.floats(4, SCORE_TILE),
+                        restored_values,
+                    ],
                 };
                 terms.push(workspace(
                     format!(

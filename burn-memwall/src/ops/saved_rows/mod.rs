@@ -16,7 +16,7 @@ use burn::backend::{Backend, Dispatch, backend_extension};
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType};
 use burn_memwall_codes::hash::draw_key;
-use burn_memwall_codes::saved_rows::limit;
+use burn_memwall_codes::saved_rows::{limit, words_per_row};
 use serde::{Deserialize, Serialize};
 
 /// How an op keeps an activation for its backward pass.
@@ -39,6 +39,13 @@ impl SavedPrecision {
             Self::Int8 => Some(8),
             Self::Int4 => Some(4),
         }
+    }
+
+    /// The bytes an activation `[rows, width]` takes in codes (its `u32` words and one f32
+    /// scale per row); `None` in full, where it keeps its float type's.
+    pub fn coded_bytes(self, rows: usize, width: usize) -> Option<usize> {
+        self.bits()
+            .map(|bits| rows * (4 * words_per_row(width, bits) + 4))
     }
 }
 
