@@ -213,13 +213,14 @@ struct Dims {
     /// A saving SwiGLU and the dense down projection are one node that recomputes the product
     /// in backward (`swiglu_linear`), rather than the down projection keeping it.
     recomputes_product: bool,
-    /// How the MLP node keeps its activations (`saved_precision`).
+    /// How the MLP node keeps its activations (`LmConfig::mlp_precision`).
     precision: SavedPrecision,
     /// The MLP's activation and its dense down projection are one node that keeps its inputs
     /// in low bits (`swiglu_linear`, `relu_squared_linear`).
     mlp_codes: bool,
-    /// Flash attention keeps its values in low bits (`flash_attention_saving_values`).
-    value_codes: bool,
+    /// How flash attention keeps its values (`flash_attention_saving_values`): in codes
+    /// unless `Full`.
+    values: SavedPrecision,
 }
 
 impl Dims {
@@ -243,13 +244,15 @@ impl Dims {
                 && config.mlp == MlpKind::SwiGlu
                 && config.linear == LinearKind::Dense
                 && shape.lora_rank.is_none(),
-            precision: config.saved_precision,
+            precision: config.mlp_precision(),
             mlp_codes: config.saved_precision != SavedPrecision::Full
                 && config.savers == SaverKind::Exact
                 && config.linear == LinearKind::Dense
                 && shape.lora_rank.is_none(),
-            value_codes: config.saved_precision != SavedPrecision::Full
-                && config.attention == AttentionKind::Flash,
+            values: match config.attention {
+                AttentionKind::Flash => config.values_precision(),
+                AttentionKind::Burn => SavedPrecision::Full,
+            },
         }
     }
 
@@ -359,11 +362,11 @@ impl Dims {
                 "; saving ops: each norm keeps 4·T (not x), c = {swiglu} (SwiGLU) or 1 (ReLU²)"
             );
         }
-        if self.mlp_codes || self.value_codes {
+        if self.mlp_codes || self.values != SavedPrecision::Full {
             note += &format!(
-                "; {:?}: the MLP node's c tensors and flash attention's v in codes \
-                 (bits/8 per value, 4 B per row)",
-                self.precision
+                "; in codes (bits/8 per value, 4 B per row): the MLP node's c tensors ({:?}), \
+                 flash attention's v ({:?})",
+                self.precision, self.values
             );
         }
         note
@@ -407,15 +410,14 @@ impl Dims {
         Tensors::new(count, bytes as u64)
     }
 
-    /// What flash attention keeps of k and v: both in full, or v in codes of 8 bits whatever
-    /// the MLP's (rows of `d_head`).
+    /// What flash attention keeps of k and v: both in full, or v in codes (rows of `d_head`).
     fn keys_and_values(&self) -> Vec<Tensors> {
-        match self.value_codes {
-            false => vec![self.td_kv(2)],
-            true => {
+        match self.values {
+            SavedPrecision::Full => vec![self.td_kv(2)],
+            precision => {
                 let d_head = self.d / self.heads;
                 let rows = (self.tokens * self.d_kv / d_head) as usize;
-                let codes = SavedPrecision::Int8.coded_bytes(rows, d_head as usize);
+                let codes = precision.coded_bytes(rows, d_head as usize);
                 vec![self.td_kv(1), Tensors::new(1, codes.unwrap() as u64)]
             }
         }
@@ -544,7 +546,7 @@ fn standard_layer(
             ops: 60
                 + coded_ops
                 + adapter_ops
-                + u64::from(dims.value_codes) * (HANDWRITTEN_NODE_OPS - 1)
+                + u64::from(dims.values != SavedPrecision::Full) * (HANDWRITTEN_NODE_OPS - 1)
                 - dims.fewer_block_ops(config.mlp),
         },
     }
@@ -1104,7 +1106,7 @@ pub fn step_budget(
         ),
     };
     // Flash attention's values restored from their codes for its backward.
-    let restored_values = dims.td_kv(u64::from(dims.value_codes));
+    let restored_values = dims.td_kv(u64::from(dims.values != SavedPrecision::Full));
 
     let mut phases = Vec::new();
     match (config.loss, coding.table) {

@@ -31,7 +31,7 @@ impl Mlp {
             gate: (config.mlp == MlpKind::SwiGlu).then(|| linear(d, d_ff)),
             down: linear(d_ff, d),
             savers: config.savers,
-            saved_precision: config.saved_precision,
+            saved_precision: config.mlp_precision(),
         }
     }
 
