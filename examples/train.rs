@@ -21,8 +21,8 @@ use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes, parse_by
 use burn_memwall::ops::saved_rows::SavedPrecision;
 use burn_memwall_models::data::{Corpus, TextTokenizer, load_text, split_text};
 use burn_memwall_models::lm::{
-    AttentionKind, BlockKind, LinearKind, LmConfig, LoraConfig, LossKind, PRESETS, SaverKind,
-    human_count,
+    AttentionKind, BlockKind, LinearKind, LmConfig, LoraConfig, LossKind, MlpKind, PRESETS,
+    SaverKind, human_count,
 };
 use burn_memwall_models::pretrained::Pretrained;
 use burn_memwall_models::training::{
@@ -87,6 +87,14 @@ enum LossArg {
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum MlpArg {
+    /// `down(silu(gate·x) ∘ up·x)`: three matrices (the presets' own).
+    Swiglu,
+    /// `down(relu(up·x)²)`: two matrices of the same width (GPT-2 sized presets' own).
+    Relu2,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
 enum SaversArg {
     /// Burn's autodiff of the composed norm and MLP activation.
     None,
@@ -107,6 +115,10 @@ struct Args {
     /// Model size: tiny, small, gpt2-124m, llama-1b (vocabulary comes from the tokenizer).
     #[arg(long, default_value = "tiny")]
     model: String,
+    /// The feed-forward block, in place of the preset's (same width: ReLU² has a third fewer MLP
+    /// parameters).
+    #[arg(long, value_enum, conflicts_with = "from")]
+    mlp: Option<MlpArg>,
     /// Fine-tune a trained model instead of drawing one: a Hugging Face Llama folder or a
     /// folder `train` wrote. Its config and tokenizer are used; the stack's attention, loss and
     /// optimizer apply, its blocks and linears are the model's own. A run from a Llama folder
@@ -264,10 +276,18 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut model = match &base_config {
         Some(config) => config.clone(),
-        None => LmConfig {
-            vocab_size: corpus.tokenizer().vocab_size(),
-            ..LmConfig::preset(&args.model)?
-        },
+        None => {
+            let preset = LmConfig::preset(&args.model)?;
+            LmConfig {
+                vocab_size: corpus.tokenizer().vocab_size(),
+                mlp: match args.mlp {
+                    Some(MlpArg::Swiglu) => MlpKind::SwiGlu,
+                    Some(MlpArg::Relu2) => MlpKind::ReluSquared,
+                    None => preset.mlp,
+                },
+                ..preset
+            }
+        }
     };
     let stack = match args.fit {
         None => find_stack(&args.stack)?,
@@ -331,10 +351,12 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .with_precision(precision)
         .with_lora(lora.clone());
     println!(
-        "model {} ({} parameters, vocab {}), {} + {} tokens (training + validation), device {}",
+        "model {} ({} parameters, vocab {}, MLP {:?}), {} + {} tokens (training + validation), \
+         device {}",
         args.model,
         human_count(model.param_count()),
         model.vocab_size,
+        model.mlp,
         corpus.train().len(),
         corpus.valid().len(),
         describe(&device)
