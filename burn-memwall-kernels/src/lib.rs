@@ -12,7 +12,9 @@
 //! - [`adamw`]: the AdamW update of a parameter and its moments, in place;
 //! - [`momentum`]: the single-moment update (SGD with momentum, Lion), in place;
 //! - [`rounding`]: stochastic rounding of f32 values to bf16 or f16;
-//! - [`saved_rows`]: activations packed in 8 or 4 bits for backward, and restored.
+//! - [`saved_rows`]: activations packed in 8 or 4 bits for backward, and restored;
+//! - [`rms_norm`]: RMSNorm's forward with its row scales, and its backward from the output;
+//! - [`swiglu`]: SwiGLU's product and its input gradients, each in one pass.
 
 pub mod adamw;
 pub mod counter;
@@ -20,6 +22,8 @@ pub mod cross_entropy;
 pub mod flash_attention;
 pub mod momentum;
 pub mod packed_matmul;
+pub mod rms_norm;
 pub mod rounding;
 pub mod saved_rows;
 mod softcap;
+pub mod swiglu;

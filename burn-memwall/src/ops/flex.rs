@@ -1,6 +1,6 @@
 //! Flex primitives as Burn tensors and back, so that an op's Flex path can be written with the
-//! tensor API. Like the kernels, which widen every element they load, the Flex paths compute
-//! f16 and bf16 inputs in f32.
+//! tensor API, and their elements as f32. Like the kernels, which widen every element they
+//! load, the Flex paths compute f16 and bf16 inputs in f32.
 
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::{BoolTensor, FloatTensor, IntTensor};
@@ -39,16 +39,91 @@ pub(crate) const UPDATE_CHUNK: usize = 1 << 14;
 /// A contiguous f32 primitive holding `t`'s values (`t` itself when it already is one), for the
 /// in-place update paths that write through `storage_mut` and the paths that read `storage`.
 pub(crate) fn contiguous_f32(t: FloatTensor<Flex>) -> FloatTensor<Flex> {
-    let t = match t.dtype() {
+    contiguous(match t.dtype() {
         DType::F32 => t,
         _ => Flex::float_cast(t, FloatDType::F32),
-    };
+    })
+}
+
+/// A contiguous primitive holding `t`'s values in its own float type, for the paths that read
+/// `storage` one element at a time ([`with_host_float`]).
+pub(crate) fn contiguous(t: FloatTensor<Flex>) -> FloatTensor<Flex> {
     if covers_its_buffer(&t) {
         t
     } else {
         t.to_contiguous()
     }
 }
+
+/// A float type Flex stores, which the element-wise paths widen to f32 one element at a time,
+/// so that a half-precision input needs no f32 copy.
+pub(crate) trait HostFloat: Copy + Send + Sync {
+    fn to_f32(self) -> f32;
+    fn from_f32(value: f32) -> Self;
+}
+
+impl HostFloat for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(value: f32) -> Self {
+        value
+    }
+}
+
+impl HostFloat for f64 {
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    fn from_f32(value: f32) -> Self {
+        value.into()
+    }
+}
+
+impl HostFloat for half::bf16 {
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+    fn from_f32(value: f32) -> Self {
+        half::bf16::from_f32(value)
+    }
+}
+
+impl HostFloat for half::f16 {
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+    fn from_f32(value: f32) -> Self {
+        half::f16::from_f32(value)
+    }
+}
+
+/// `$body` with the type `$E` named as the element type of the float type `$dtype`, a
+/// [`HostFloat`].
+macro_rules! with_host_float {
+    ($dtype:expr, $E:ident => $body:expr) => {
+        match $dtype {
+            burn::tensor::DType::F32 => {
+                type $E = f32;
+                $body
+            }
+            burn::tensor::DType::F64 => {
+                type $E = f64;
+                $body
+            }
+            burn::tensor::DType::BF16 => {
+                type $E = half::bf16;
+                $body
+            }
+            burn::tensor::DType::F16 => {
+                type $E = half::f16;
+                $body
+            }
+            other => unreachable!("a float tensor of {other:?}"),
+        }
+    };
+}
+pub(crate) use with_host_float;
 
 /// Whether `t`'s elements are its whole buffer, in order: what the paths that read or write
 /// `storage()` (always the whole buffer, from its start) need. A narrowed view can be
@@ -72,8 +147,8 @@ pub(crate) fn contiguous_u32(t: IntTensor<Flex>) -> IntTensor<Flex> {
 
 /// `t` (f32) cast back to the `dtype` an op's input had.
 pub(crate) fn cast_back(t: FloatTensor<Flex>, dtype: DType) -> FloatTensor<Flex> {
-    match dtype {
-        DType::F32 => t,
-        dtype => Flex::float_cast(t, dtype.into()),
+    match t.dtype() == dtype {
+        true => t,
+        false => Flex::float_cast(t, dtype.into()),
     }
 }

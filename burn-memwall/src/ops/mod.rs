@@ -13,7 +13,9 @@
 //!   for backward only what it reads (the output and one f32 per row; both inputs, and with
 //!   [`swiglu::swiglu_linear`] not even the product the down projection reads; nothing but the
 //!   output, or with [`relu_squared::relu_squared_linear`] `relu(u)` in its place); with
-//!   [`saved_rows::SavedPrecision`] the MLP's node keeps its activations in 8 or 4 bits.
+//!   [`saved_rows::SavedPrecision`] the MLP's node keeps its activations in 8 or 4 bits. The
+//!   norm's and SwiGLU's passes are kernels of their own (one pass each way); ReLU²'s are one
+//!   or two element-wise Burn ops, which Cube devices fuse.
 //!
 //! Each item has one path. The types a layer takes or returns too ([`crate::nn::Reduction`],
 //! [`crate::nn::GradientPass`], [`crate::nn::PackedWeight`], [`crate::nn::PackedTernary`],

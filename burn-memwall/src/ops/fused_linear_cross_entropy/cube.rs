@@ -15,37 +15,19 @@ use burn_memwall_kernels::cross_entropy::{
 };
 
 use super::{FusedLinearCrossEntropyBackend, RowLoss};
-
-/// Units per cube (one row each cube): enough to stream a vocabulary row with wide loads.
-const UNITS_PER_CUBE: u32 = 256;
+use crate::ops::cube::per_row;
 
 /// Targets reach the kernels as f32, exact up to here.
 const MAX_VOCAB: usize = 1 << 24;
 
-/// The grid (a cube per row) and the units per cube, a power of two within the device's limits
-/// for the kernels' tree reduction.
+/// The grid over the rows of `logits` (`crate::ops::cube::per_row`).
 fn grid(logits: &CubeTensor) -> (CubeCount, CubeDim, usize) {
-    let hardware = &logits.client.properties().hardware;
     let [rows, vocab] = logits.shape().dims();
     assert!(
         vocab <= MAX_VOCAB,
         "fused linear cross-entropy: vocabularies above {MAX_VOCAB} are not supported ({vocab})"
     );
-    let rows = u32::try_from(rows)
-        .ok()
-        .filter(|&rows| rows <= hardware.max_cube_count.0)
-        .unwrap_or_else(|| {
-            panic!("fused linear cross-entropy: {rows} rows in a chunk exceed this device's grid")
-        });
-    let limit = UNITS_PER_CUBE
-        .min(hardware.max_cube_dim.0)
-        .min(hardware.max_units_per_cube);
-    let units = 1 << limit.ilog2();
-    (
-        CubeCount::Static(rows, 1, 1),
-        CubeDim::new_1d(units),
-        units as usize,
-    )
+    per_row(logits, rows, "fused linear cross-entropy")
 }
 
 fn targets_f32(targets: IntTensor<CubeBackend>) -> CubeTensor {

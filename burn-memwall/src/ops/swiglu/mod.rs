@@ -3,13 +3,20 @@
 //!
 //! Burn's autodiff of `silu(a) * b` keeps `σ(a)` and `silu(a)` beside the two inputs: two
 //! tensors of the MLP's hidden width per token more than the backward needs, and the down
-//! projection keeps the product as its input: a third. Like [`super::rms_norm`], the passes are
-//! Burn's own ops (Cube devices fuse them), attached to the graph with a handwritten backward.
+//! projection keeps the product as its input: a third.
+//!
+//! The product and the two input gradients are each one pass over the elements, with no
+//! temporary: the kernels of `burn-memwall-kernels/src/swiglu.rs` on Cube devices (`cube.rs`),
+//! a rayon pass on Flex (`flex.rs`).
 
-use burn::backend::DispatchTensor;
+#[cfg(feature = "cube")]
+mod cube;
+mod flex;
+
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, Dispatch, DispatchTensor, backend_extension};
 use burn::module::ParamId;
 use burn::prelude::*;
-use burn::tensor::activation::{sigmoid, silu};
 use burn::tensor::module::linear;
 
 use super::folded_linear::{FoldedLinear, plus_bias};
@@ -18,7 +25,8 @@ use super::handwritten_backward::{
 };
 use super::saved_rows::{SavedPrecision, SavedRows};
 
-/// `silu(gate) ∘ up`, `silu(a) = a · σ(a)`: Burn's arithmetic, value for value.
+/// `silu(gate) ∘ up`, `silu(a) = a · σ(a)`, in f32 (in half precision rounded once, at the
+/// end).
 ///
 /// Under autodiff the backward pass keeps `gate` and `up` and nothing else (the output is
 /// usually kept by the next linear).
@@ -35,11 +43,13 @@ pub fn swiglu<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
         up.dims(),
         "swiglu: the gate's shape is not the up projection's"
     );
-    if !(gate.is_autodiff() && (gate.is_tracked() || up.is_tracked())) {
-        return silu(gate) * up;
+    let autodiff = gate.is_autodiff();
+    if !(autodiff && (gate.is_tracked() || up.is_tracked())) {
+        let y = product(gate.inner(), up.inner());
+        return if autodiff { Tensor::from_inner(y) } else { y };
     }
     let (a, b) = (gate.clone().inner(), up.clone().inner());
-    let y = Tensor::from_inner(silu(a.clone()) * b.clone());
+    let y = Tensor::from_inner(product(a.clone(), b.clone()));
     let up_key = up.is_tracked().then(ParamId::new);
     let others = up_key
         .map(|key| (key, up.clone().into_dispatch()))
@@ -83,6 +93,14 @@ impl<const D: usize> HandwrittenBackward for SwigluBackward<D> {
     }
 }
 
+/// `silu(a) ∘ b` outside any graph.
+fn product<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
+    Tensor::from_dispatch(Dispatch::swiglu_forward(
+        a.into_dispatch(),
+        b.into_dispatch(),
+    ))
+}
+
 /// SwiGLU's input gradients from its output's `dy`: `d_up = dy · silu(a)`, handed to `d_up`
 /// when the up projection is tracked, and `d_gate = dy · b · σ(a)·(1 + a·(1 − σ(a)))`, returned.
 fn input_gradients<const D: usize>(
@@ -91,12 +109,12 @@ fn input_gradients<const D: usize>(
     dy: Tensor<D>,
     d_up: Option<impl FnOnce(Tensor<D>)>,
 ) -> Tensor<D> {
-    let s = sigmoid(gate.clone());
+    let (d_gate, up_gradient) =
+        Dispatch::swiglu_backward(gate.into_dispatch(), up.into_dispatch(), dy.into_dispatch());
     if let Some(hand_over) = d_up {
-        hand_over(dy.clone() * (gate.clone() * s.clone()));
+        hand_over(Tensor::from_dispatch(up_gradient));
     }
-    let slope = (s.clone().neg() + 1.0) * gate + 1.0;
-    dy * up * s * slope
+    Tensor::from_dispatch(d_gate)
 }
 
 /// `(silu(gate) ∘ up) · weight + bias`: [`swiglu`] and the linear that reads it (an MLP's down
@@ -136,10 +154,10 @@ pub fn swiglu_linear<const D: usize>(
     let down = FoldedLinear::new("swiglu_linear", gate.dims(), &weight);
     let tracked = [gate.is_tracked(), up.is_tracked(), weight.is_tracked()];
     if !(gate.is_autodiff() && tracked.contains(&true)) {
-        return linear(silu(gate) * up, weight, bias);
+        return linear(swiglu(gate, up), weight, bias);
     }
     let (gate_rows, up_rows) = (down.rows(&gate), down.rows(&up));
-    let y = down.forward(silu(gate_rows.clone()) * up_rows.clone());
+    let y = down.forward(product(gate_rows.clone(), up_rows.clone()));
     let up_key = up.is_tracked().then(ParamId::new);
     let others = [
         up_key.map(|key| (key, up.clone().into_dispatch())),
@@ -191,8 +209,8 @@ impl<const D: usize> HandwrittenBackward for SwigluLinearBackward<D> {
             up_key,
         } = *self;
         let (gate, up) = (gate.restore(), up.restore());
-        let product = || silu(gate.clone()) * up.clone();
-        let dh = down.backward(output_gradient, product, param_gradient);
+        let hidden = || product(gate.clone(), up.clone());
+        let dh = down.backward(output_gradient, hidden, param_gradient);
         let dims = down.dims();
         let d_up = up_key.map(|key| {
             move |d_up: Tensor<2>| param_gradient(key, d_up.reshape(dims).into_dispatch())
@@ -201,4 +219,20 @@ impl<const D: usize> HandwrittenBackward for SwigluLinearBackward<D> {
             .reshape(dims)
             .into_dispatch()
     }
+}
+
+/// The backends' passes of [`swiglu`], element by element over one shape.
+#[backend_extension(Flex, Cube: cfg(feature = "cube"), Fusion: cfg(feature = "cube"))]
+pub(crate) trait SwigluBackend: Backend {
+    /// `silu(gate) · up`.
+    #[fusion(meta = cube::forward_spec)]
+    fn swiglu_forward(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// `(d_gate, d_up)` from `dy`, the gradient of `silu(gate) · up`.
+    #[fusion(meta = cube::backward_spec)]
+    fn swiglu_backward(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
 }
