@@ -333,13 +333,13 @@ impl Dims {
     }
 
     /// What a saving MLP activation's backward holds beyond the block's saved tensors, less the
-    /// down projection's input it gives back: SwiGLU the input gradient, `σ(g)`, the up
-    /// projection's gradient and the gate's as it is made; ReLU² the input gradient and its
-    /// own. Burn's are within the down projection's backward (none listed).
+    /// down projection's input it gives back: SwiGLU the input gradient and the two it makes in
+    /// one pass (the up projection's and the gate's); ReLU² the input gradient and its own.
+    /// Burn's are within the down projection's backward (none listed).
     fn activation_backward(&self, mlp: MlpKind) -> Vec<Tensors> {
         match (self.savers, mlp) {
             (SaverKind::Burn, _) => Vec::new(),
-            (SaverKind::Exact, MlpKind::SwiGlu) => vec![self.tf(3)],
+            (SaverKind::Exact, MlpKind::SwiGlu) => vec![self.tf(2)],
             (SaverKind::Exact, MlpKind::ReluSquared) => vec![self.tf(2)],
         }
     }
@@ -1072,8 +1072,8 @@ pub fn step_budget(
     // activation's, once the down projection has given its input back; Flex's f32 copies of a
     // bf16 matmul come on top (`down_matmuls`). The node that recomputes the product holds
     // the down projection's backward and the product beside it, with its matmuls' copies,
-    // then the activation's four gradients at once (the product's, `σ(g)`, the up
-    // projection's and the gate's as it is made) beside the weight's gradient, with none.
+    // then the activation's three gradients at once (the product's, and the up projection's
+    // and the gate's, made in one pass) beside the weight's gradient, with none.
     // In low bits the node first restores what it kept, beside its codes' place: SwiGLU's
     // two inputs, or ReLU²'s `relu(u)`, which its node squares again for the weight's gradient
     // and then multiplies into the input gradient (`dh`, `dh·r`, `2·dh·r`).
@@ -1089,7 +1089,7 @@ pub fn step_budget(
                 .into_iter()
                 .chain([dims.tf(1 + restored), in_f32])
                 .collect();
-            let activation = vec![dims.tf(4 + restored), Tensors::new(1, fd)];
+            let activation = vec![dims.tf(3 + restored), Tensors::new(1, fd)];
             (larger(matmuls, activation), Vec::new())
         }
         (false, true) => {
@@ -1107,6 +1107,19 @@ pub fn step_budget(
     };
     // Flash attention's values restored from their codes for its backward.
     let restored_values = dims.td_kv(u64::from(dims.values != SavedPrecision::Full));
+    // Flex's flash attention computes in f32 (`ops/flash_attention/flex.rs`): in half
+    // precision its backward holds f32 copies of q and dO (`[T, d]`) and of k and v
+    // (`[T, d_kv]`; its output's copy goes once the row dots are made), and makes dq, dk and dv
+    // in f32, 2 bytes an element more than the phases count them.
+    let flash_in_f32 = match memory == DeviceMemory::Heap && dims.half {
+        true => vec![
+            Tensors::new(2, 4 * tokens * d),
+            Tensors::new(2, 4 * tokens * dims.d_kv),
+            Tensors::new(1, 2 * tokens * d),
+            Tensors::new(2, 2 * tokens * dims.d_kv),
+        ],
+        false => Vec::new(),
+    };
 
     let mut phases = Vec::new();
     match (config.loss, coding.table) {
@@ -1246,12 +1259,15 @@ pub fn step_budget(
                 }
                 let op = match config.attention {
                     AttentionKind::Burn => vec![dims.scores(copies)],
-                    AttentionKind::Flash => vec![
+                    AttentionKind::Flash => [
                         dims.td(1),
                         dims.td_kv(3),
                         dims.floats(4, SCORE_TILE),
                         restored_values,
-                    ],
+                    ]
+                    .into_iter()
+                    .chain(flash_in_f32.iter().copied())
+                    .collect(),
                 };
                 terms.push(workspace(
                     format!(
@@ -1317,7 +1333,10 @@ pub fn step_budget(
                         Tensors::new(1, memory.bool_bytes() * seq * seq),
                     ],
                     AttentionKind::Flash => {
-                        vec![dims.td(12), dims.td_kv(5), dims.floats(4, SCORE_TILE)]
+                        [dims.td(12), dims.td_kv(5), dims.floats(4, SCORE_TILE)]
+                            .into_iter()
+                            .chain(flash_in_f32.iter().copied())
+                            .collect()
                     }
                 };
                 // A coded output projection updates itself a block of rows at a time.
