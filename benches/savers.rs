@@ -9,7 +9,9 @@
 //! - `rms_norm` (`[tokens, d_model]`, the scale trained) beside `burn::nn::RmsNorm`;
 //! - `swiglu` (`[tokens, d_ff]` twice) beside `silu(a) * b`;
 //! - `swiglu_linear` (down to `d_model`, the weight trained) beside `linear(silu(a) * b, W)`;
-//! - `relu_squared_linear` beside `linear(relu(u)², W)`.
+//! - `relu_squared_linear` beside `linear(relu(u)², W)`;
+//! - `rotary` (`[tokens / 1024, 1024, d_model]` as `[batch, seq, heads · 64]`) beside
+//!   `RotaryEncoding::apply` on the heads split first, as a model calls it.
 //!
 //! Every input is tracked, as in a model, and the step's loss is `Σ y · w` with `w` trained, so
 //! that, as in a model, the output's reader keeps the output: the peak is the op's forward, what
@@ -18,7 +20,7 @@
 
 mod common;
 
-use burn::nn::RmsNormConfig;
+use burn::nn::{RmsNormConfig, RotaryEncodingConfig};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::{relu, silu};
@@ -28,6 +30,7 @@ use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes};
 use burn_memwall::ops::relu_squared::relu_squared_linear;
 use burn_memwall::ops::rms_norm::rms_norm;
+use burn_memwall::ops::rotary::rotary;
 use burn_memwall::ops::saved_rows::SavedPrecision;
 use burn_memwall::ops::swiglu::{swiglu, swiglu_linear};
 use clap::Parser;
@@ -36,7 +39,17 @@ use serde::{Deserialize, Serialize};
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
-const OPS: [&str; 4] = ["rms_norm", "swiglu", "swiglu_linear", "relu_squared_linear"];
+const OPS: [&str; 5] = [
+    "rms_norm",
+    "swiglu",
+    "swiglu_linear",
+    "relu_squared_linear",
+    "rotary",
+];
+
+/// The rotary rows' sequence length and head width.
+const ROTARY_SEQ: usize = 1024;
+const ROTARY_HEAD: usize = 64;
 const PATHS: [&str; 2] = ["burn", "ours"];
 
 #[derive(Parser, Debug)]
@@ -121,6 +134,10 @@ fn measure(args: &Args, op: &str, path: &str) -> Result<Row, Box<dyn std::error:
     let weight = tracked([d_ff, d], (d_ff as f64).sqrt().recip());
     let norm = RmsNormConfig::new(d).init(&autodiff);
     let x = tracked([tokens, d], 1.0);
+    let rope = RotaryEncodingConfig::new(ROTARY_SEQ, ROTARY_HEAD).init(&autodiff);
+    let batch = tokens / ROTARY_SEQ;
+    let rows = |t: Tensor<2>| t.reshape([batch, ROTARY_SEQ, d]);
+    let heads = d / ROTARY_HEAD;
     let forward: Box<dyn Fn() -> Tensor<2>> = match (op, ours) {
         ("rms_norm", true) => Box::new(|| rms_norm(x.clone(), norm.gamma.val(), norm.epsilon)),
         ("rms_norm", false) => Box::new(|| norm.forward(x.clone())),
@@ -144,12 +161,19 @@ fn measure(args: &Args, op: &str, path: &str) -> Result<Row, Box<dyn std::error:
         ("relu_squared_linear", false) => {
             Box::new(|| linear(relu(a.clone()).powi_scalar(2), weight.clone(), None))
         }
+        ("rotary", true) => Box::new(|| rotary(rows(x.clone()), &rope, 0).reshape([tokens, d])),
+        ("rotary", false) => Box::new(|| {
+            let split = rows(x.clone())
+                .reshape([batch, ROTARY_SEQ, heads, ROTARY_HEAD])
+                .swap_dims(1, 2);
+            rope.apply(split, 0).swap_dims(1, 2).reshape([tokens, d])
+        }),
         (other, _) => return Err(format!("unknown op {other}; expected one of {OPS:?}").into()),
     };
     let output_weights =
         Tensor::<2>::random(forward().dims(), Distribution::Default, &autodiff).require_grad();
     let input = match op {
-        "rms_norm" => x.clone(),
+        "rms_norm" | "rotary" => x.clone(),
         _ => a.clone(),
     };
     let step = || {

@@ -1,11 +1,13 @@
 //! The ops that keep less for backward than Burn's autodiff of their composed forms
-//! (`rms_norm`, `swiglu`, `swiglu_linear`, `relu_squared`, `relu_squared_linear`): values and
+//! (`rms_norm`, `swiglu`, `swiglu_linear`, `relu_squared`, `relu_squared_linear`), and the
+//! one-pass `rotary`: values and
 //! gradients against Burn's own arithmetic differentiated in f64, on every device; and what each
 //! keeps for backward, on Flex. The low-bit saves of the MLP nodes and of flash attention's
 //! values: their size and the bias of the gradients that read them.
 
 mod common;
 
+use burn::nn::RotaryEncodingConfig;
 use burn::prelude::*;
 use burn::tensor::DType;
 use burn::tensor::activation::{relu, silu};
@@ -15,6 +17,7 @@ use burn_memwall::memory::{CountingAllocator, MemoryMeter};
 use burn_memwall::ops::flash_attention::{FlashAttentionOptions, flash_attention_saving_values};
 use burn_memwall::ops::relu_squared::{relu_squared, relu_squared_linear};
 use burn_memwall::ops::rms_norm::rms_norm;
+use burn_memwall::ops::rotary::rotary;
 use burn_memwall::ops::saved_rows::SavedPrecision;
 use burn_memwall::ops::swiglu::{swiglu, swiglu_linear};
 
@@ -538,4 +541,112 @@ fn a_zero_scale_is_loud() {
             "{name}'s gradient hides the lost channel: {values:?}"
         );
     }
+}
+
+/// `rotary` turns each head of a row as Burn's `RotaryEncoding::apply` turns it, one head per
+/// row, from a position past the first: values and the input's gradient on every device in
+/// f32, against the rotation by Burn's table computed in f64 on the host, and against Burn's
+/// encoding itself in f32 (which cannot run in f64: it multiplies by an f32 constant), within
+/// 1e-5. Its backward keeps nothing beyond the output (a view of the encoding's table).
+#[test]
+fn rotary_turns_each_head_as_burns_encoding_does() {
+    let _turn = common::take_turn();
+    let (batch, seq, heads, d_head, start) = (2, 9, 3, 8, 5);
+    let shape = [batch, seq, heads * d_head];
+    let host = Device::flex();
+    let x = common::host_tensor(shape, 0.4, &host).into_data();
+    let dy = common::host_tensor(shape, 1.3, &host).into_data();
+    let run = |device: &Device, ours: bool| {
+        let rope = RotaryEncodingConfig::new(32, d_head).init(device);
+        let x = Tensor::<3>::from_data(x.clone(), device).require_grad();
+        let y = match ours {
+            true => rotary(x.clone(), &rope, start),
+            false => {
+                let per_head = x
+                    .clone()
+                    .reshape([batch, seq, heads, d_head])
+                    .swap_dims(1, 2);
+                rope.apply(per_head, start).swap_dims(1, 2).reshape(shape)
+            }
+        };
+        let dy = Tensor::<3>::from_data(dy.clone(), device);
+        let grads = (y.clone() * dy).sum().backward();
+        (y.inner().into_data(), x.grad(&grads).unwrap().into_data())
+    };
+
+    // In f64: each pair `(a, b)` at position p and head column j turned by Burn's angle there,
+    // and the gradient of `Σ y · dy`, `dy` turned back.
+    let table = RotaryEncodingConfig::new(32, d_head)
+        .init(&host)
+        .freq_complex
+        .into_data()
+        .try_into_vec_as::<f64>()
+        .unwrap();
+    let turn = |values: &[f64], inverse: bool| -> Vec<f64> {
+        let sign = if inverse { -1.0 } else { 1.0 };
+        let mut out = values.to_vec();
+        for (row, (out, values)) in out
+            .chunks_mut(heads * d_head)
+            .zip(values.chunks(heads * d_head))
+            .enumerate()
+        {
+            let p = start + row % seq;
+            for pair in 0..heads * d_head / 2 {
+                let j = (2 * pair) % d_head;
+                let (cos, sin) = (table[(p * d_head + j) * 2], table[(p * d_head + j) * 2 + 1]);
+                let (a, b) = (values[2 * pair], values[2 * pair + 1]);
+                out[2 * pair] = a * cos - sign * b * sin;
+                out[2 * pair + 1] = sign * a * sin + b * cos;
+            }
+        }
+        out
+    };
+    let as_f64 = |data: &TensorData| data.clone().try_into_vec_as::<f64>().unwrap();
+    let exact = TensorData::new(turn(&as_f64(&x), false), shape);
+    let exact_grad = TensorData::new(turn(&as_f64(&dy), true), shape);
+    let (burns, burns_grad) = run(&host.clone().autodiff(), false);
+    common::assert_close("Burn's output", &"f64", 1e-5, burns.clone(), exact.clone());
+    common::assert_close(
+        "Burn's gradient",
+        &"f64",
+        1e-5,
+        burns_grad.clone(),
+        exact_grad.clone(),
+    );
+    for device in common::devices() {
+        let device = device.autodiff();
+        let (got, got_grad) = run(&device, true);
+        common::assert_close("output", &device, 1e-5, got.clone(), exact.clone());
+        common::assert_close(
+            "gradient",
+            &device,
+            1e-5,
+            got_grad.clone(),
+            exact_grad.clone(),
+        );
+        common::assert_close("output vs Burn's", &device, 1e-5, got, burns.clone());
+        common::assert_close(
+            "gradient vs Burn's",
+            &device,
+            1e-5,
+            got_grad,
+            burns_grad.clone(),
+        );
+    }
+
+    let rope = RotaryEncodingConfig::new(256, 64).init(&host);
+    let kept = kept_beyond_the_output(|inputs| rotary(inputs[0].clone(), &rope, 0), &[[256, 512]]);
+    assert!(
+        kept <= GRAPH_SLACK,
+        "rotary keeps {kept} bytes beyond its output"
+    );
+}
+
+/// Rows that do not hold whole heads are refused by name.
+#[test]
+#[should_panic(expected = "do not hold whole heads")]
+fn rotary_refuses_rows_of_part_heads() {
+    let device = Device::flex();
+    let rope = RotaryEncodingConfig::new(16, 8).init(&device);
+    rotary(Tensor::<2>::zeros([4, 12], &device), &rope, 0);
 }

@@ -14,7 +14,8 @@
 //! - [`rounding`]: stochastic rounding of f32 values to bf16 or f16;
 //! - [`saved_rows`]: activations packed in 8 or 4 bits for backward, and restored;
 //! - [`rms_norm`]: RMSNorm's forward with its row scales, and its backward from the output;
-//! - [`swiglu`]: SwiGLU's product and its input gradients, each in one pass.
+//! - [`swiglu`]: SwiGLU's product and its input gradients, each in one pass;
+//! - [`rotary`]: rotary position embedding, and its inverse for the backward pass.
 
 pub mod adamw;
 pub mod counter;
@@ -23,6 +24,7 @@ pub mod flash_attention;
 pub mod momentum;
 pub mod packed_matmul;
 pub mod rms_norm;
+pub mod rotary;
 pub mod rounding;
 pub mod saved_rows;
 mod softcap;

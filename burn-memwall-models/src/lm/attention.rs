@@ -10,9 +10,10 @@ use burn_memwall::nn::{KeyValueCache, Routed};
 use burn_memwall::ops::flash_attention::{
     FlashAttentionOptions, flash_attention, flash_attention_saving_values,
 };
+use burn_memwall::ops::rotary::rotary;
 use burn_memwall::ops::saved_rows::SavedPrecision;
 
-use super::{AttentionKind, BlockLinear, LmConfig};
+use super::{AttentionKind, BlockLinear, LmConfig, SaverKind};
 
 /// `softmax(QKᵀ/√d_head + causal mask) V` with `n_kv_heads` key/value heads shared by groups of
 /// query heads. With [`AttentionKind::Burn`] the score matrix goes through
@@ -31,6 +32,9 @@ pub struct CausalSelfAttention {
     kind: AttentionKind,
     #[module(skip)]
     saved_values: SavedPrecision,
+    /// Whether q and k take [`rotary`] (with the saving ops) rather than Burn's encoding.
+    #[module(skip)]
+    one_pass_rotary: bool,
 }
 
 impl CausalSelfAttention {
@@ -47,6 +51,7 @@ impl CausalSelfAttention {
             n_kv_heads: config.n_kv_heads,
             kind: config.attention,
             saved_values: config.values_precision(),
+            one_pass_rotary: config.savers == SaverKind::Exact,
         }
     }
 
@@ -69,14 +74,13 @@ impl CausalSelfAttention {
         let heads = |t: Tensor<3>, n: usize| t.reshape([batch, seq, n, d_head]).swap_dims(1, 2);
         let start = cache.as_ref().map_or(0, |cache| cache.seen());
 
-        let q = rope.apply(
-            heads(self.query.forward(x.clone(), route), self.n_heads),
-            start,
-        );
-        let k = rope.apply(
-            heads(self.key.forward(x.clone(), route), self.n_kv_heads),
-            start,
-        );
+        // The saving ops turn q and k before they are split into heads, in one pass each way.
+        let rotated = |t: Tensor<3>, n: usize| match self.one_pass_rotary {
+            true => heads(rotary(t, rope, start), n),
+            false => rope.apply(heads(t, n), start),
+        };
+        let q = rotated(self.query.forward(x.clone(), route), self.n_heads);
+        let k = rotated(self.key.forward(x.clone(), route), self.n_kv_heads);
         let v = heads(self.value.forward(x, route), self.n_kv_heads);
 
         let out = match (self.kind, cache) {

@@ -15,7 +15,8 @@
 //!   output, or with [`relu_squared::relu_squared_linear`] `relu(u)` in its place); with
 //!   [`saved_rows::SavedPrecision`] the MLP's node keeps its activations in 8 or 4 bits. The
 //!   norm's and SwiGLU's passes are kernels of their own (one pass each way); ReLU²'s are one
-//!   or two element-wise Burn ops, which Cube devices fuse.
+//!   or two element-wise Burn ops, which Cube devices fuse;
+//! - [`rotary`]: rotary position embedding in one pass each way, on rows of several heads.
 //!
 //! Each item has one path. The types a layer takes or returns too ([`crate::nn::Reduction`],
 //! [`crate::nn::GradientPass`], [`crate::nn::PackedWeight`], [`crate::nn::PackedTernary`],
@@ -38,6 +39,7 @@ pub(crate) mod momentum_update;
 pub mod packed_matmul;
 pub mod relu_squared;
 pub mod rms_norm;
+pub mod rotary;
 pub mod saved_rows;
 pub mod stochastic_rounding;
 pub mod swiglu;
