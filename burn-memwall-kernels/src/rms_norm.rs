@@ -30,6 +30,24 @@ fn cube_sum(part: f32, #[comptime] units: usize) -> f32 {
     sums[0]
 }
 
+/// `Σ_j a[at + j] · b[at + j]` over the row of `d` elements from `at`, in every unit of the cube.
+#[cube]
+fn row_dot<F: Float>(
+    a: &Tensor<F>,
+    b: &Tensor<F>,
+    at: usize,
+    d: usize,
+    #[comptime] units: usize,
+) -> f32 {
+    let mut part = 0.0f32;
+    let mut j = UNIT_POS_X as usize;
+    while j < d {
+        part += f32::cast_from(a[at + j]) * f32::cast_from(b[at + j]);
+        j += units;
+    }
+    cube_sum(part, units)
+}
+
 /// `y` and `rms` of each row of `x`.
 #[cube(launch)]
 pub fn rms_norm_forward_kernel<F: Float>(
@@ -44,14 +62,8 @@ pub fn rms_norm_forward_kernel<F: Float>(
     let row = CUBE_POS_X as usize;
     let d = x.shape(1);
     let at = row * d;
-    let mut squares = 0.0f32;
-    let mut j = UNIT_POS_X as usize;
-    while j < d {
-        let v = f32::cast_from(x[at + j]);
-        squares += v * v;
-        j += units;
-    }
-    let row_rms = (cube_sum(squares, units) / f32::cast_from(u32::cast_from(d)) + epsilon).sqrt();
+    let squares = row_dot(x, x, at, d, units);
+    let row_rms = (squares / f32::cast_from(u32::cast_from(d)) + epsilon).sqrt();
     if UNIT_POS_X == 0 {
         rms[row] = row_rms;
     }
@@ -76,13 +88,7 @@ pub fn rms_norm_backward_kernel<F: Float>(
     let row = CUBE_POS_X as usize;
     let d = y.shape(1);
     let at = row * d;
-    let mut products = 0.0f32;
-    let mut j = UNIT_POS_X as usize;
-    while j < d {
-        products += f32::cast_from(dy[at + j]) * f32::cast_from(y[at + j]);
-        j += units;
-    }
-    let projection = cube_sum(products, units) / f32::cast_from(u32::cast_from(d));
+    let projection = row_dot(dy, y, at, d, units) / f32::cast_from(u32::cast_from(d));
     let row_rms = rms[row];
     let mut j = UNIT_POS_X as usize;
     while j < d {

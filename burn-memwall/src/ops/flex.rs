@@ -55,51 +55,9 @@ pub(crate) fn contiguous(t: FloatTensor<Flex>) -> FloatTensor<Flex> {
     }
 }
 
-/// A float type Flex stores, which the element-wise paths widen to f32 one element at a time,
-/// so that a half-precision input needs no f32 copy.
-pub(crate) trait HostFloat: Copy + Send + Sync {
-    fn to_f32(self) -> f32;
-    fn from_f32(value: f32) -> Self;
-}
-
-impl HostFloat for f32 {
-    fn to_f32(self) -> f32 {
-        self
-    }
-    fn from_f32(value: f32) -> Self {
-        value
-    }
-}
-
-impl HostFloat for f64 {
-    fn to_f32(self) -> f32 {
-        self as f32
-    }
-    fn from_f32(value: f32) -> Self {
-        value.into()
-    }
-}
-
-impl HostFloat for half::bf16 {
-    fn to_f32(self) -> f32 {
-        half::bf16::to_f32(self)
-    }
-    fn from_f32(value: f32) -> Self {
-        half::bf16::from_f32(value)
-    }
-}
-
-impl HostFloat for half::f16 {
-    fn to_f32(self) -> f32 {
-        half::f16::to_f32(self)
-    }
-    fn from_f32(value: f32) -> Self {
-        half::f16::from_f32(value)
-    }
-}
-
-/// `$body` with the type `$E` named as the element type of the float type `$dtype`, a
-/// [`HostFloat`].
+/// `$body` with the type `$E` named as the element type of the float type `$dtype`: the
+/// element-wise paths read `storage::<$E>()` and widen one element at a time to f32
+/// (`elem::<f32>()`), so that a half-precision input needs no f32 copy.
 macro_rules! with_host_float {
     ($dtype:expr, $E:ident => $body:expr) => {
         match $dtype {

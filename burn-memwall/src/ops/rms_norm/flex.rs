@@ -4,11 +4,11 @@
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Flex, TensorMetadata};
-use burn::tensor::TensorData;
+use burn::tensor::{Element, TensorData};
 use rayon::prelude::*;
 
 use super::RmsNormBackend;
-use crate::ops::flex::{HostFloat, cast_back, contiguous, contiguous_f32, with_host_float};
+use crate::ops::flex::{cast_back, contiguous, contiguous_f32, with_host_float};
 
 /// Rows per task of the backward pass, each task summing its rows' share of the scale's
 /// gradient: enough rows that the `[d]` partial sums cost nothing beside them.
@@ -58,20 +58,27 @@ impl RmsNormBackend for Flex {
 }
 
 /// `y` of each row of `x`, its `rms` written to `rms`.
-fn forward_rows<E: HostFloat>(x: &[E], gamma: &[f32], epsilon: f32, rms: &mut [f32]) -> Vec<E> {
+fn forward_rows<E: Element>(x: &[E], gamma: &[f32], epsilon: f32, rms: &mut [f32]) -> Vec<E> {
     let d = gamma.len();
-    let mut y = vec![E::from_f32(0.0); x.len()];
+    let mut y = vec![E::from_elem(0.0); x.len()];
     y.par_chunks_mut(d.max(1))
         .zip(x.par_chunks(d.max(1)))
         .zip(rms.par_iter_mut())
         .for_each(|((y, x), rms)| {
-            let squares: f32 = x.iter().map(|v| v.to_f32() * v.to_f32()).sum();
-            *rms = (squares / d as f32 + epsilon).sqrt();
+            *rms = (row_dot(x, x) / d as f32 + epsilon).sqrt();
             for ((y, x), g) in y.iter_mut().zip(x).zip(gamma) {
-                *y = E::from_f32(x.to_f32() / *rms * g);
+                *y = E::from_elem(x.elem::<f32>() / *rms * g);
             }
         });
     y
+}
+
+/// `Σ_j a[j] · b[j]`, in f32.
+fn row_dot<E: Element>(a: &[E], b: &[E]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| a.elem::<f32>() * b.elem::<f32>())
+        .sum()
 }
 
 /// What the backward reads, row by row.
@@ -82,12 +89,12 @@ struct RowsBackward<'a, E> {
     rms: &'a [f32],
 }
 
-impl<E: HostFloat> RowsBackward<'_, E> {
+impl<E: Element> RowsBackward<'_, E> {
     /// `dx`, with `Σ_rows dy · y / γ` written to `d_scale` when given.
     fn backward(&self, d_scale: Option<&mut Vec<f32>>) -> Vec<E> {
         let d = self.gamma.len();
         let task = (ROWS_PER_TASK * d).max(1);
-        let mut dx = vec![E::from_f32(0.0); self.y.len()];
+        let mut dx = vec![E::from_elem(0.0); self.y.len()];
         let sums = d_scale.is_some();
         let partials: Vec<Vec<f32>> = dx
             .par_chunks_mut(task)
@@ -97,15 +104,13 @@ impl<E: HostFloat> RowsBackward<'_, E> {
                 let mut partial = vec![0f32; if sums { d } else { 0 }];
                 let rows = dx.chunks_mut(d).zip(dy.chunks(d).zip(y.chunks(d)));
                 for ((dx, (dy, y)), rms) in rows.zip(rms) {
-                    let products: f32 =
-                        dy.iter().zip(y).map(|(g, y)| g.to_f32() * y.to_f32()).sum();
-                    let projection = products / d as f32;
+                    let projection = row_dot(dy, y) / d as f32;
                     for (((dx, dy), y), g) in dx.iter_mut().zip(dy).zip(y).zip(self.gamma) {
-                        let (dy, y) = (dy.to_f32(), y.to_f32());
-                        *dx = E::from_f32((dy * g - y / g * projection) / rms);
+                        let (dy, y) = (dy.elem::<f32>(), y.elem::<f32>());
+                        *dx = E::from_elem((dy * g - y / g * projection) / rms);
                     }
                     for ((p, dy), y) in partial.iter_mut().zip(dy).zip(y) {
-                        *p += dy.to_f32() * y.to_f32();
+                        *p += dy.elem::<f32>() * y.elem::<f32>();
                     }
                 }
                 partial

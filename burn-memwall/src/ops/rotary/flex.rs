@@ -3,11 +3,11 @@
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Flex, TensorMetadata};
-use burn::tensor::TensorData;
+use burn::tensor::{ElementConversion, TensorData};
 use rayon::prelude::*;
 
 use super::RotaryBackend;
-use crate::ops::flex::{HostFloat, contiguous, contiguous_f32, with_host_float};
+use crate::ops::flex::{contiguous, contiguous_f32, with_host_float};
 
 impl RotaryBackend for Flex {
     fn rotary(x: FloatTensor<Flex>, table: FloatTensor<Flex>, inverse: bool) -> FloatTensor<Flex> {
@@ -20,7 +20,7 @@ impl RotaryBackend for Flex {
         let sign = if inverse { -1.0 } else { 1.0 };
         with_host_float!(x.dtype(), E => {
             let x = x.storage::<E>();
-            let mut out = vec![E::from_f32(0.0); rows * width];
+            let mut out = vec![E::from_elem(0.0); rows * width];
             out.par_chunks_mut(width.max(1))
                 .zip(x.par_chunks(width.max(1)))
                 .enumerate()
@@ -31,9 +31,9 @@ impl RotaryBackend for Flex {
                     {
                         let j = (2 * column) % d_head;
                         let (cos, sin) = (angles[2 * j], sign * angles[2 * j + 1]);
-                        let (a, b) = (x[0].to_f32(), x[1].to_f32());
-                        out[0] = E::from_f32(a * cos - b * sin);
-                        out[1] = E::from_f32(a * sin + b * cos);
+                        let (a, b) = (x[0].elem::<f32>(), x[1].elem::<f32>());
+                        out[0] = E::from_elem(a * cos - b * sin);
+                        out[1] = E::from_elem(a * sin + b * cos);
                     }
                 });
             Flex::float_from_data(TensorData::new(out, [rows, width]), &Default::default())

@@ -4,11 +4,11 @@
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Flex, TensorMetadata};
-use burn::tensor::TensorData;
+use burn::tensor::{ElementConversion, TensorData};
 use rayon::prelude::*;
 
 use super::SwigluBackend;
-use crate::ops::flex::{HostFloat, UPDATE_CHUNK, cast_back, contiguous, with_host_float};
+use crate::ops::flex::{UPDATE_CHUNK, cast_back, contiguous, with_host_float};
 
 fn sigmoid(a: f32) -> f32 {
     1.0 / (1.0 + (-a).exp())
@@ -20,13 +20,13 @@ impl SwigluBackend for Flex {
         let (gate, up) = (contiguous(gate), contiguous(cast_back(up, dtype)));
         with_host_float!(dtype, E => {
             let (gate, up) = (gate.storage::<E>(), up.storage::<E>());
-            let mut out = vec![E::from_f32(0.0); gate.len()];
+            let mut out = vec![E::from_elem(0.0); gate.len()];
             out.par_chunks_mut(UPDATE_CHUNK)
                 .zip(gate.par_chunks(UPDATE_CHUNK).zip(up.par_chunks(UPDATE_CHUNK)))
                 .for_each(|(out, (gate, up))| {
                     for ((out, a), b) in out.iter_mut().zip(gate).zip(up) {
-                        let a = a.to_f32();
-                        *out = E::from_f32(a * sigmoid(a) * b.to_f32());
+                        let a = a.elem::<f32>();
+                        *out = E::from_elem(a * sigmoid(a) * b.elem::<f32>());
                     }
                 });
             Flex::float_from_data(TensorData::new(out, shape), &Default::default())
@@ -46,7 +46,7 @@ impl SwigluBackend for Flex {
         );
         with_host_float!(dtype, E => {
             let (gate, up, dy) = (gate.storage::<E>(), up.storage::<E>(), dy.storage::<E>());
-            let zero = E::from_f32(0.0);
+            let zero = E::from_elem(0.0);
             let (mut d_gate, mut d_up) = (vec![zero; gate.len()], vec![zero; gate.len()]);
             let inputs = gate
                 .par_chunks(UPDATE_CHUNK)
@@ -58,10 +58,10 @@ impl SwigluBackend for Flex {
                 .zip(inputs)
                 .for_each(|((d_gate, d_up), ((gate, up), dy))| {
                     for (i, ((a, b), g)) in gate.iter().zip(up).zip(dy).enumerate() {
-                        let (a, b, g) = (a.to_f32(), b.to_f32(), g.to_f32());
+                        let (a, b, g) = (a.elem::<f32>(), b.elem::<f32>(), g.elem::<f32>());
                         let s = sigmoid(a);
-                        d_up[i] = E::from_f32(g * a * s);
-                        d_gate[i] = E::from_f32(g * b * s * (1.0 + a * (1.0 - s)));
+                        d_up[i] = E::from_elem(g * a * s);
+                        d_gate[i] = E::from_elem(g * b * s * (1.0 + a * (1.0 - s)));
                     }
                 });
             let device = Default::default();
