@@ -6,7 +6,8 @@
 //!   (8 bytes per weight instead of 0.75, and no packing), each op making a temporary the size
 //!   of the layer, as a framework without the fused op would run it;
 //! - `adamw` and `fused-adamw`: what a dense layer's update costs instead (Burn's `AdamW`, and
-//!   burn-memwall's in-place `FusedAdamW`), on an f32 weight of the same shape.
+//!   burn-memwall's in-place `FusedAdamW`), on an f32 weight of the same shape;
+//! - `adamw8` and `adamw4`: burn-memwall's `LowBitAdamW`, its moments in 8 or 4 bits.
 //!
 //! ```text
 //! cargo bench --bench counter_update -- [--device flex|wgpu] [--rows 1536] [--cols 384] [--repeats 5] [--json out.json]
@@ -29,14 +30,21 @@ use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, human_bytes};
 use burn_memwall::nn::HostWeights;
 use burn_memwall::ops::counter_linear::CounterTensors;
-use burn_memwall::optim::FusedAdamWConfig;
+use burn_memwall::optim::{FusedAdamWConfig, LowBitAdamWConfig, MomentBits};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
-const PATHS: [&str; 4] = ["counter-fused", "counter-unfused", "adamw", "fused-adamw"];
+const PATHS: [&str; 6] = [
+    "counter-fused",
+    "counter-unfused",
+    "adamw",
+    "fused-adamw",
+    "adamw8",
+    "adamw4",
+];
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -142,11 +150,12 @@ fn measure(args: &Args, path: &str) -> Result<Row, Box<dyn std::error::Error>> {
                 state.scale.clone()
             })?
         }
-        "adamw" | "fused-adamw" => {
-            let mut optimizer: ModuleOptimizer = if path == "adamw" {
-                AdamWConfig::new().init()
-            } else {
-                FusedAdamWConfig::new().init()
+        "adamw" | "fused-adamw" | "adamw8" | "adamw4" => {
+            let mut optimizer: ModuleOptimizer = match path {
+                "adamw" => AdamWConfig::new().init(),
+                "fused-adamw" => FusedAdamWConfig::new().init(),
+                "adamw8" => LowBitAdamWConfig::new(MomentBits::Eight).init(),
+                _ => LowBitAdamWConfig::new(MomentBits::Four).init(),
             };
             // Burn's optimizers step modules that live on an autodiff device.
             let autodiff = device.clone().autodiff();

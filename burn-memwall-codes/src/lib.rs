@@ -9,6 +9,8 @@
 //!   key) that the backward regenerates;
 //! - [`rounding`]: stochastic rounding of f32 values to bf16 or f16;
 //! - [`saved_rows`]: activations kept for backward in 8 or 4 bits, rounded stochastically;
+//! - [`moments`]: AdamW's moments kept in 8 or 4 bits, block by block;
+//! - [`packing`]: how 8- and 4-bit codes are packed into `u32` words;
 //! - [`hash`]: the counter-based hash they draw their random numbers from.
 //!
 //! [`PackedLayout`] names which of the two a packed weight row uses. This crate holds no Burn
@@ -18,6 +20,8 @@
 pub mod counter;
 pub mod dropout;
 pub mod hash;
+pub mod moments;
+pub mod packing;
 pub mod rounding;
 pub mod saved_rows;
 pub mod ternary;

@@ -1,17 +1,14 @@
 //! The code of an activation kept for a backward pass in 8 or 4 bits per value: each row's
 //! values in steps of the row's scale (`max |x| / limit`), rounded stochastically to the codes
-//! `−limit..=limit` (`E[code · scale] = x`), packed `32 / bits` to a `u32` word, value `i` of a
-//! row in lane `i % lanes` of word `i / lanes`, at bits `bits·lane..bits·(lane + 1)`, as
-//! `code + 2^(bits − 1)` (so every field is unsigned; rows are padded to whole words). The host
-//! side here, the kernels' side in [`cube`].
+//! `−limit..=limit` (`E[code · scale] = x`), each row packed as [`crate::packing`] says, as
+//! `code + 2^(bits − 1)` (so every field is unsigned). The host side here, the kernels' side in
+//! [`cube`].
+
+pub use crate::packing::lanes;
+use crate::packing::{field_at, words_for};
 
 /// The widths a code can have: 8 bits (codes `−127..=127`) or 4 (`−7..=7`).
 pub const CODE_BITS: [u32; 2] = [8, 4];
-
-/// Values per `u32` word at `bits` per code.
-pub const fn lanes(bits: u32) -> u32 {
-    32 / bits
-}
 
 /// The largest code at `bits`: the scale of a row is its largest magnitude over it.
 pub const fn limit(bits: u32) -> u32 {
@@ -20,7 +17,7 @@ pub const fn limit(bits: u32) -> u32 {
 
 /// Words that hold a row of `width` values.
 pub fn words_per_row(width: usize, bits: u32) -> usize {
-    width.div_ceil(lanes(bits) as usize)
+    words_for(width, bits)
 }
 
 /// The field of `x` in steps of `scale`, with `u` uniform in `[0, 1)`: `⌊x / scale + u⌋`, which
@@ -34,7 +31,7 @@ pub fn field(x: f32, scale: f32, u: f32, bits: u32) -> u32 {
 
 /// The code in lane `lane` of `word`.
 pub fn code_at(word: u32, lane: u32, bits: u32) -> i32 {
-    ((word >> (bits * lane)) & ((1 << bits) - 1)) as i32 - (1 << (bits - 1))
+    field_at(word, lane, bits) as i32 - (1 << (bits - 1))
 }
 
 #[cfg(feature = "cube")]
@@ -45,6 +42,7 @@ pub mod cube {
     use cubecl::prelude::*;
 
     use super::limit;
+    use crate::packing::cube::field_at;
 
     /// [`super::field`].
     #[cube]
@@ -57,8 +55,7 @@ pub mod cube {
     /// [`super::code_at`].
     #[cube]
     pub fn code_at(word: u32, lane: u32, #[comptime] bits: u32) -> i32 {
-        let mask = comptime!((1u32 << bits) - 1);
-        i32::cast_from((word >> (lane * bits)) & mask) - comptime!(1i32 << (bits - 1))
+        i32::cast_from(field_at(word, lane, bits)) - comptime!(1i32 << (bits - 1))
     }
 }
 

@@ -10,6 +10,7 @@
 //! - [`counter`]: the counter synapse's fused update (steps 1–5 in one pass);
 //! - [`packed_matmul`]: products with a packed ternary weight, decoded inside the GEMM;
 //! - [`adamw`]: the AdamW update of a parameter and its moments, in place;
+//! - [`low_bit_adamw`]: the same with the moments kept in 8 or 4 bits, block by block;
 //! - [`momentum`]: the single-moment update (SGD with momentum, Lion), in place;
 //! - [`rounding`]: stochastic rounding of f32 values to bf16 or f16;
 //! - [`saved_rows`]: activations packed in 8 or 4 bits for backward, and restored;
@@ -21,8 +22,10 @@ pub mod adamw;
 pub mod counter;
 pub mod cross_entropy;
 pub mod flash_attention;
+pub mod low_bit_adamw;
 pub mod momentum;
 pub mod packed_matmul;
+mod reduce;
 pub mod rms_norm;
 pub mod rotary;
 pub mod rounding;

@@ -9,26 +9,7 @@
 
 use cubecl::prelude::*;
 
-/// The sum over the cube of each unit's `part`, in every unit.
-#[cube]
-fn cube_sum(part: f32, #[comptime] units: usize) -> f32 {
-    let unit = UNIT_POS_X as usize;
-    let mut sums = Shared::<[f32]>::new_slice(units);
-    sums[unit] = part;
-    sync_cube();
-    // From the runtime cube size: CubeCL 0.11's IR verifier rejects a mutable variable that
-    // starts from a comptime value.
-    let mut half = CUBE_DIM_X as usize / 2;
-    while half > 0 {
-        if unit < half {
-            let merged = sums[unit] + sums[unit + half];
-            sums[unit] = merged;
-        }
-        sync_cube();
-        half /= 2;
-    }
-    sums[0]
-}
+use crate::reduce::cube_sum;
 
 /// `Σ_j a[at + j] · b[at + j]` over the row of `d` elements from `at`, in every unit of the cube.
 #[cube]

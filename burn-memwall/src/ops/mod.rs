@@ -23,7 +23,7 @@
 //! [`crate::nn::HostWeights`]) are defined beside their op and published in [`crate::nn`].
 //!
 //! The others are the machinery of this crate's layers and optimizers: the in-place
-//! optimizer updates (`adamw_update`, `momentum_update`) and the node with a handwritten
+//! optimizer updates (`adamw_update`, `low_bit_adamw_update`, `momentum_update`) and the node with a handwritten
 //! backward that reversible chains, counter layers and the ternary linear attach (`handwritten_backward`).
 
 pub(crate) mod adamw_update;
@@ -35,6 +35,7 @@ mod flex;
 mod folded_linear;
 pub mod fused_linear_cross_entropy;
 pub(crate) mod handwritten_backward;
+pub(crate) mod low_bit_adamw_update;
 pub(crate) mod momentum_update;
 pub mod packed_matmul;
 pub mod relu_squared;

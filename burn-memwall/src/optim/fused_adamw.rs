@@ -58,6 +58,20 @@ impl FusedAdamWConfig {
     }
 }
 
+impl FusedAdamW {
+    /// The scalars of step `time` (counted from 1) at learning rate `lr`.
+    pub(crate) fn scalars(&self, lr: LearningRate, time: usize) -> AdamWStep {
+        AdamWStep::new(
+            lr,
+            time,
+            self.beta_1,
+            self.beta_2,
+            self.epsilon,
+            self.weight_decay,
+        )
+    }
+}
+
 impl Optimizer for FusedAdamW {
     type State<const D: usize> = AdamWState<D>;
 
@@ -75,14 +89,7 @@ impl Optimizer for FusedAdamW {
             }
             None => (1, grad.zeros_like(), grad.zeros_like()),
         };
-        let step = AdamWStep::new(
-            lr,
-            time,
-            self.beta_1,
-            self.beta_2,
-            self.epsilon,
-            self.weight_decay,
-        );
+        let step = self.scalars(lr, time);
         let (tensor, moment_1, moment_2) = adamw_update(tensor, grad, moment_1, moment_2, step);
         let momentum = AdaptiveMomentumState::new(time, moment_1, moment_2);
         (tensor, Some(AdamWState::new(momentum)))

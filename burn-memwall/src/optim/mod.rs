@@ -4,7 +4,8 @@
 //!   soon as each parameter's gradient is complete, and frees that gradient;
 //!   [`InBackwardTraining`] keeps that gain through burn-train's `Learner`.
 //! - [`FusedAdamW`], [`FusedSgd`] (with momentum), [`FusedLion`]: Burn's AdamW, SGD and Lion
-//!   with each per-parameter step fused into one in-place pass.
+//!   with each per-parameter step fused into one in-place pass; [`LowBitAdamW`] with both
+//!   moments kept in 8 or 4 bits per value.
 //! - [`MasterWeights`], [`StochasticRounding`]: any of them for weights stored in bf16 or f16,
 //!   with an f32 master copy or with stochastic rounding and no copy; [`LossScaled`] with a
 //!   [`LossScale`] keeps f16 gradients in range.
@@ -15,6 +16,7 @@ mod fused_sgd;
 mod half_precision;
 mod in_backward;
 mod loss_scaling;
+mod low_bit_adamw;
 
 pub use fused_adamw::{FusedAdamW, FusedAdamWConfig};
 pub use fused_lion::{FusedLion, FusedLionConfig};
@@ -30,6 +32,7 @@ pub use in_backward::{
 pub use loss_scaling::{
     LossScale, LossScaleConfig, LossScaleError, LossScaleRecord, LossScaled, MAX_LOSS_SCALE,
 };
+pub use low_bit_adamw::{LowBitAdamW, LowBitAdamWConfig, LowBitAdamWState, MomentBits};
 
 use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::optim::{ModuleOptimizer, Optimizer};

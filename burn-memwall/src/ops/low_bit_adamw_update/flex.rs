@@ -1,0 +1,116 @@
+//! The Flex path: rayon over the blocks, each block in two passes (decode and update, then the
+//! parameter and the codes under the new scales), with `burn_memwall_codes::moments`' host
+//! arithmetic in the kernel's order, so that both give the same codes.
+
+use burn::backend::Flex;
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn_memwall_codes::moments::{block_scale, block_size, encode};
+use burn_memwall_codes::packing::{field_at, lanes};
+use rayon::prelude::*;
+
+use super::LowBitAdamWBackend;
+use crate::ops::adamw_update::AdamWStep;
+use crate::ops::flex::{cast_back, contiguous_f32, contiguous_u32};
+
+impl LowBitAdamWBackend for Flex {
+    fn low_bit_adamw_update(
+        param: FloatTensor<Flex>,
+        grad: FloatTensor<Flex>,
+        words_1: IntTensor<Flex>,
+        scales_1: FloatTensor<Flex>,
+        words_2: IntTensor<Flex>,
+        scales_2: FloatTensor<Flex>,
+        table_1: FloatTensor<Flex>,
+        table_2: FloatTensor<Flex>,
+        bits: u32,
+        step: AdamWStep,
+    ) -> (
+        FloatTensor<Flex>,
+        IntTensor<Flex>,
+        FloatTensor<Flex>,
+        IntTensor<Flex>,
+        FloatTensor<Flex>,
+    ) {
+        let dtype = param.dtype();
+        let (mut param, grad) = (contiguous_f32(param), contiguous_f32(grad));
+        let (mut words_1, mut words_2) = (contiguous_u32(words_1), contiguous_u32(words_2));
+        let (mut scales_1, mut scales_2) = (contiguous_f32(scales_1), contiguous_f32(scales_2));
+        let (table_1, table_2) = (contiguous_f32(table_1), contiguous_f32(table_2));
+        let tables = [table_1.storage::<f32>(), table_2.storage::<f32>()];
+        let block = block_size(bits);
+        let words_per_block = block / lanes(bits) as usize;
+        param
+            .storage_mut::<f32>()
+            .par_chunks_mut(block)
+            .zip(grad.storage::<f32>().par_chunks(block))
+            .zip(words_1.storage_mut::<u32>().par_chunks_mut(words_per_block))
+            .zip(words_2.storage_mut::<u32>().par_chunks_mut(words_per_block))
+            .zip(scales_1.storage_mut::<f32>().par_iter_mut())
+            .zip(scales_2.storage_mut::<f32>().par_iter_mut())
+            .for_each(|(((((w, g), words_1), words_2), scale_1), scale_2)| {
+                let block = Block {
+                    words: [words_1, words_2],
+                    scales: [scale_1, scale_2],
+                    tables,
+                    bits,
+                };
+                block.update(w, g, &step);
+            });
+        (
+            cast_back(param, dtype),
+            words_1,
+            scales_1,
+            words_2,
+            scales_2,
+        )
+    }
+}
+
+/// One block of both moments, as coded.
+struct Block<'a> {
+    words: [&'a mut [u32]; 2],
+    scales: [&'a mut f32; 2],
+    tables: [&'a [f32]; 2],
+    bits: u32,
+}
+
+impl Block<'_> {
+    /// The block's moments and parameter values `w` after a step with gradients `g`.
+    fn update(self, w: &mut [f32], g: &[f32], step: &AdamWStep) {
+        let Self {
+            words,
+            scales,
+            tables,
+            bits,
+        } = self;
+        let lanes = lanes(bits) as usize;
+        let decoded = |moment: usize, i: usize| {
+            let field = field_at(words[moment][i / lanes], (i % lanes) as u32, bits);
+            tables[moment][field as usize] * *scales[moment]
+        };
+        // The moments in f32, as the kernel holds them in its units' registers.
+        let mut moments = [[0f32; 256]; 2];
+        let mut largest = [0f32; 2];
+        for (i, &g) in g.iter().enumerate() {
+            let m = decoded(0, i) * step.beta_1 + g * (1.0 - step.beta_1);
+            let v = decoded(1, i) * step.beta_2 + g * g * (1.0 - step.beta_2);
+            (moments[0][i], moments[1][i]) = (m, v);
+            largest = [largest[0].max(m.abs()), largest[1].max(v)];
+        }
+        for (w, (&m, &v)) in w.iter_mut().zip(moments[0].iter().zip(&moments[1])) {
+            let delta =
+                (m / step.bias_correction_1) / ((v / step.bias_correction_2).sqrt() + step.epsilon);
+            *w = *w * step.decay - delta * step.learning_rate;
+        }
+        for moment in 0..2 {
+            let scale = block_scale(largest[moment]);
+            // Lanes past the parameter's end code a zero, as the kernel's idle units do.
+            for (word, values) in words[moment].iter_mut().zip(moments[moment].chunks(lanes)) {
+                *word = values.iter().enumerate().fold(0, |word, (lane, &x)| {
+                    word | encode(x / scale, tables[moment]) << (lane as u32 * bits)
+                });
+            }
+            *scales[moment] = scale;
+        }
+    }
+}
