@@ -131,7 +131,8 @@ struct Args {
     /// The set of switches to train with: baseline (Burn's own path), memwall (flash attention,
     /// fused loss, full-width reversible blocks, saving norm and MLP ops, FusedAdamW in backward),
     /// memwall-sgd (SGD in
-    /// backward), memwall-counter (every matrix a counter code), or any single-part stack that
+    /// backward), memwall-counter (every matrix a counter code), memwall-adam8 / memwall-adam4
+    /// (AdamW's moments in 8 / 4 bits), or any single-part stack that
     /// memgate measures (flash+fused, all-fused, …). The flags below override single parts.
     #[arg(long, default_value = "memwall")]
     stack: String,

@@ -3,6 +3,7 @@
 mod common;
 
 use burn::prelude::*;
+use burn_memwall::optim::MomentBits;
 use burn_memwall_models::Error;
 use burn_memwall_models::checkpoint::{load_safetensors, save_safetensors};
 use burn_memwall_models::data::{Corpus, DEFAULT_CORPUS, TextTokenizer};
@@ -775,6 +776,22 @@ fn stacks_resolve_to_their_switches() {
             BlockKind::Reversible,
             LinearKind::CounterAll,
             StepOptimizer::InBackwardFusedAdamW,
+        ),
+        (
+            "memwall-adam8",
+            Flash,
+            Fused,
+            BlockKind::Reversible,
+            LinearKind::Dense,
+            StepOptimizer::InBackwardLowBitAdamW(MomentBits::Eight),
+        ),
+        (
+            "memwall-adam4",
+            Flash,
+            Fused,
+            BlockKind::Reversible,
+            LinearKind::Dense,
+            StepOptimizer::InBackwardLowBitAdamW(MomentBits::Four),
         ),
     ];
     assert_eq!(Stack::ALL.len(), want.len());

@@ -2,10 +2,10 @@
 
 use burn::optim::{AdamWConfig, ModuleOptimizer, Optimizer, SgdConfig};
 use burn::tensor::FloatDType;
-use burn_memwall::memory::budget::{OptimizerPlan, UpdateTiming};
+use burn_memwall::memory::budget::{Moments, OptimizerPlan, UpdateTiming};
 use burn_memwall::optim::{
     FusedAdamWConfig, FusedSgdConfig, HalfPrecisionUpdate, InBackward, LossScale, LossScaled,
-    MasterWeights, StochasticRounding,
+    LowBitAdamWConfig, MasterWeights, MomentBits, StochasticRounding,
 };
 use serde::{Deserialize, Serialize};
 
@@ -89,6 +89,9 @@ pub enum StepOptimizer {
     /// burn-memwall's in-place [`FusedSgd`](burn_memwall::optim::FusedSgd) (momentum 0.9,
     /// dampening 0.1) applied during backward.
     InBackwardFusedSgd,
+    /// burn-memwall's [`LowBitAdamW`](burn_memwall::optim::LowBitAdamW), both moments in 8 or
+    /// 4 bits, applied during backward.
+    InBackwardLowBitAdamW(MomentBits),
 }
 
 impl StepOptimizer {
@@ -116,6 +119,11 @@ impl StepOptimizer {
                     .with_weight_decay(weight_decay)
                     .build(),
             ),
+            Self::InBackwardLowBitAdamW(bits) => decorations.apply(
+                LowBitAdamWConfig::new(bits)
+                    .with_adamw(FusedAdamWConfig::new().with_weight_decay(weight_decay))
+                    .build(),
+            ),
             Self::InBackwardSgd => decorations.apply(SgdConfig::new().build()),
             Self::InBackwardFusedSgd => decorations.apply(FusedSgdConfig::new().build()),
         }
@@ -124,14 +132,16 @@ impl StepOptimizer {
     /// What the optimizer holds, for the memory budget. Burn's AdamW on Flex allocates one
     /// parameter-sized temporary per update (element-wise ops run in place on unique tensors,
     /// docs/memory-model/peak-phases.md, M9); its SGD without momentum and the fused updates
-    /// need no temporary. Only the fused updates write into the parameter's own buffer.
+    /// need no temporary (the low-bit update's two code tables are 2 KiB). Only the fused
+    /// updates write into the parameter's own buffer.
     /// Half-precision weights run the update in f32 on copies ([`Precision::half_update`]).
     pub fn plan(self, half_precision: Option<HalfPrecisionUpdate>) -> OptimizerPlan {
         let (moments, update_temporaries) = match self {
-            Self::AdamW | Self::InBackwardAdamW => (2, 1),
-            Self::InBackwardFusedAdamW => (2, 0),
-            Self::InBackwardSgd => (0, 0),
-            Self::InBackwardFusedSgd => (1, 0),
+            Self::AdamW | Self::InBackwardAdamW => (Moments::F32(2), 1),
+            Self::InBackwardFusedAdamW => (Moments::F32(2), 0),
+            Self::InBackwardLowBitAdamW(bits) => (Moments::Coded(bits), 0),
+            Self::InBackwardSgd => (Moments::F32(0), 0),
+            Self::InBackwardFusedSgd => (Moments::F32(1), 0),
         };
         let timing = match self {
             Self::AdamW => UpdateTiming::AfterBackward,
@@ -141,7 +151,12 @@ impl StepOptimizer {
             moments,
             timing,
             update_temporaries,
-            in_place: matches!(self, Self::InBackwardFusedAdamW | Self::InBackwardFusedSgd),
+            in_place: matches!(
+                self,
+                Self::InBackwardFusedAdamW
+                    | Self::InBackwardLowBitAdamW(_)
+                    | Self::InBackwardFusedSgd
+            ),
             half_precision,
         }
     }

@@ -14,13 +14,18 @@ use super::{NamedSwitches, every_stack};
 /// steps; the quantised stacks the median of three runs beside `baseline`; the `memwall`
 /// stacks, with the saving ops since 2026-12-04, the median of three runs of 11 timed steps;
 /// the `flash+fused+savers` stacks `flash+fused`'s times their median of five runs beside it,
-/// with the norm's and SwiGLU's kernels, 2026-12-05; docs/BENCHMARKS.md, "The memory budget"
-/// and "The saving norm and MLP ops"). Times on other shapes and devices differ (on `tiny` the
+/// with the norm's and SwiGLU's kernels, 2026-12-05; the `memwall-adam` stacks `memwall`'s
+/// times their median of three runs beside it, 2026-12-05; docs/BENCHMARKS.md, "The memory
+/// budget", "The saving norm and MLP ops" and "AdamW's moments in 8 or 4 bits"). Times on other shapes and devices differ (on `tiny` the
 /// reversible stacks cost less, flash attention more).
-const STEP_TIME: [(&str, f64); 21] = [
+const STEP_TIME: [(&str, f64); 23] = [
     ("baseline", 1.00),
     ("memwall", 1.12),
     ("memwall-sgd", 1.18),
+    // memwall's 1.12 over their medians 0.80× and 0.82× of its speed (Flex's coded update
+    // searches each moment's table: 8 steps in 8 bits, 4 in 4).
+    ("memwall-adam8", 1.40),
+    ("memwall-adam4", 1.37),
     ("flash-attention", 0.92),
     ("fused-loss", 0.95),
     ("flash+fused", 0.90),

@@ -2,6 +2,7 @@
 //! turns the whole of burn-memwall on (or off) for `train` and `memgate`.
 
 use burn_memwall::ops::saved_rows::SavedPrecision;
+use burn_memwall::optim::MomentBits;
 
 use crate::Error;
 use crate::lm::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, SaverKind};
@@ -25,15 +26,22 @@ pub enum Stack {
     /// the head: their optimizer lives in the weight code); the norms stay dense and train with
     /// `FusedAdamW`.
     MemwallCounter,
+    /// `memwall` with AdamW's moments in 8 bits (`LowBitAdamW`): 2 bytes of optimizer state
+    /// per parameter instead of 8.
+    MemwallAdam8,
+    /// `memwall` with AdamW's moments in 4 bits: 1 byte per parameter.
+    MemwallAdam4,
 }
 
 impl Stack {
     /// Every stack, baseline first.
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; 6] = [
         Self::Baseline,
         Self::Memwall,
         Self::MemwallSgd,
         Self::MemwallCounter,
+        Self::MemwallAdam8,
+        Self::MemwallAdam4,
     ];
 
     /// The name on the command line.
@@ -43,6 +51,8 @@ impl Stack {
             Self::Memwall => "memwall",
             Self::MemwallSgd => "memwall-sgd",
             Self::MemwallCounter => "memwall-counter",
+            Self::MemwallAdam8 => "memwall-adam8",
+            Self::MemwallAdam4 => "memwall-adam4",
         }
     }
 
@@ -89,6 +99,14 @@ impl Stack {
             },
             Self::MemwallCounter => Switches {
                 linear: LinearKind::CounterAll,
+                ..MEMWALL
+            },
+            Self::MemwallAdam8 => Switches {
+                optimizer: StepOptimizer::InBackwardLowBitAdamW(MomentBits::Eight),
+                ..MEMWALL
+            },
+            Self::MemwallAdam4 => Switches {
+                optimizer: StepOptimizer::InBackwardLowBitAdamW(MomentBits::Four),
                 ..MEMWALL
             },
         }

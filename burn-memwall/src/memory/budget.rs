@@ -13,7 +13,7 @@ use burn::prelude::*;
 use burn::tensor::DType;
 
 use super::human_bytes;
-use crate::optim::HalfPrecisionUpdate;
+use crate::optim::{HalfPrecisionUpdate, MomentBits};
 
 /// Where a term's bytes belong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -475,12 +475,21 @@ pub enum UpdateTiming {
     InBackward,
 }
 
+/// The moments an optimizer keeps per trained parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Moments {
+    /// This many, each the parameter's size in f32: AdamW 2, SGD with momentum and Lion 1,
+    /// plain SGD 0.
+    F32(u64),
+    /// AdamW's two in codes and block scales ([`crate::optim::LowBitAdamW`]).
+    Coded(MomentBits),
+}
+
 /// An optimizer as the budget sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OptimizerPlan {
-    /// Moments kept per trained element, each the parameter's size: AdamW 2, SGD with momentum
-    /// and Lion 1, plain SGD 0.
-    pub moments: u64,
+    /// The moments kept per trained parameter.
+    pub moments: Moments,
     /// When it steps.
     pub timing: UpdateTiming,
     /// Parameter-sized temporaries one update allocates beyond the gradient, in units of the
@@ -510,21 +519,33 @@ impl OptimizerPlan {
     /// weights keep one, kept between steps.
     pub fn state(&self, census: &ParameterCensus) -> Term {
         let masters = u64::from(self.half_precision == Some(HalfPrecisionUpdate::Masters));
+        let moments = match self.moments {
+            Moments::F32(count) => format!("{count} moment(s) in f32"),
+            Moments::Coded(bits) => format!("2 moments in {bits:?} bits and block scales"),
+        };
+        let master = if masters == 1 {
+            " and a master copy"
+        } else {
+            ""
+        };
         Term::of(
             Pool::OptimizerState,
-            format!(
-                "{} moment(s){} in f32 × the trained parameters",
-                self.moments,
-                if masters == 1 {
-                    " and a master copy"
-                } else {
-                    ""
-                }
-            ),
-            census
-                .trained
-                .iter()
-                .map(|&bytes| Tensors::new(self.moments + masters, self.in_f32(bytes))),
+            format!("{moments}{master} × the trained parameters"),
+            census.trained.iter().flat_map(|&bytes| {
+                let f32_bytes = self.in_f32(bytes);
+                let values = (f32_bytes / 4) as usize;
+                let (in_f32, coded) = match self.moments {
+                    Moments::F32(count) => (count + masters, [Tensors::new(0, 0); 2]),
+                    Moments::Coded(bits) => (
+                        masters,
+                        [
+                            Tensors::new(2, bits.code_bytes(values) as u64),
+                            Tensors::new(2, bits.scale_bytes(values) as u64),
+                        ],
+                    ),
+                };
+                [Tensors::new(in_f32, f32_bytes), coded[0], coded[1]]
+            }),
         )
     }
 
@@ -647,7 +668,7 @@ mod tests {
 
     fn plan(timing: UpdateTiming, in_place: bool) -> OptimizerPlan {
         OptimizerPlan {
-            moments: 2,
+            moments: Moments::F32(2),
             timing,
             update_temporaries: 1,
             in_place,

@@ -3,7 +3,7 @@
 use burn::config::Config;
 use burn::optim::{LearningRate, ModuleOptimizer, Optimizer, RecordState, StateSink, StateSource};
 use burn::prelude::*;
-use burn::tensor::{DType, IntDType};
+use burn::tensor::DType;
 use burn_memwall_codes::moments::block_size;
 use burn_memwall_codes::packing::words_for;
 use serde::{Deserialize, Serialize};
@@ -29,10 +29,19 @@ impl MomentBits {
         }
     }
 
+    /// The bytes of one moment's codes (`u32` words) for a parameter of `values` values.
+    pub fn code_bytes(self, values: usize) -> usize {
+        4 * words_for(values, self.bits())
+    }
+
+    /// The bytes of one moment's block scales (f32) for a parameter of `values` values.
+    pub fn scale_bytes(self, values: usize) -> usize {
+        4 * values.div_ceil(block_size(self.bits()))
+    }
+
     /// The bytes both moments of a parameter of `values` values take (codes and block scales).
     pub fn state_bytes(self, values: usize) -> usize {
-        let bits = self.bits();
-        2 * (4 * words_for(values, bits) + 4 * values.div_ceil(block_size(bits)))
+        2 * (self.code_bytes(values) + self.scale_bytes(values))
     }
 }
 
@@ -91,7 +100,7 @@ impl CodedMoment {
     /// Zero, for a parameter of `values` values: every code 0 under scale 0.
     fn zeros(values: usize, bits: u32, device: &Device) -> Self {
         Self {
-            words: Tensor::<1, Int>::zeros([words_for(values, bits)], device).cast(IntDType::U32),
+            words: Tensor::zeros([words_for(values, bits)], (device, DType::U32)),
             scales: Tensor::zeros([values.div_ceil(block_size(bits))], device),
         }
     }
