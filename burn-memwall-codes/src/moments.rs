@@ -57,13 +57,21 @@ pub fn block_size(bits: u32) -> usize {
 /// # Panics
 /// If `bits` is not one of [`MOMENT_BITS`].
 pub fn table(moment: Moment, bits: u32) -> &'static [f32] {
-    static TABLES: OnceLock<[Vec<f32>; 4]> = OnceLock::new();
-    let tables = TABLES.get_or_init(|| {
+    coder(moment, bits).table()
+}
+
+/// The table of `moment` at `bits` and what finds a value's code in it on the host.
+///
+/// # Panics
+/// If `bits` is not one of [`MOMENT_BITS`].
+pub fn coder(moment: Moment, bits: u32) -> &'static Coder {
+    static CODERS: OnceLock<[Coder; 4]> = OnceLock::new();
+    let coders = CODERS.get_or_init(|| {
         [
-            dynamic_map(true, 7, 8),
-            dynamic_map(false, 7, 8),
-            dynamic_map(true, 3, 4),
-            (1..=16).map(|k| k as f32 / 16.0).collect(),
+            Coder::new(dynamic_map(true, 7, 8)),
+            Coder::new(dynamic_map(false, 7, 8)),
+            Coder::new(dynamic_map(true, 3, 4)),
+            Coder::new((1..=16).map(|k| k as f32 / 16.0).collect()),
         ]
     });
     let at = match (bits, moment) {
@@ -73,7 +81,69 @@ pub fn table(moment: Moment, bits: u32) -> &'static [f32] {
         (4, Moment::Second) => 3,
         _ => panic!("moments are kept in 8 or 4 bits, not {bits}"),
     };
-    &tables[at]
+    &coders[at]
+}
+
+/// A table and, for each of the 2^16 ranges of f32 values that share their top 16 bits (in
+/// the order of the values), the last code whose entry is at most the range's smallest value:
+/// a value's code is there or one or two codes up (a range is 1/128 of its value wide, and no
+/// range holds more than two entries: tested), found without a branch.
+pub struct Coder {
+    /// The table and two entries of +∞ after it, so that the steps up need no bound.
+    padded: Vec<f32>,
+    start: Vec<u8>,
+}
+
+impl Coder {
+    fn new(table: Vec<f32>) -> Self {
+        let start = (0..1u32 << 16)
+            .map(|range| {
+                let smallest = from_ordered(range << 16);
+                // A range of NaNs (the ends of the order) starts at code 0.
+                let at_most = table.partition_point(|&entry| entry <= smallest);
+                at_most.saturating_sub(1) as u8
+            })
+            .collect();
+        let padded = table.into_iter().chain([f32::INFINITY; 2]).collect();
+        Self { padded, start }
+    }
+
+    /// The table: a code is an index into it.
+    pub fn table(&self) -> &[f32] {
+        &self.padded[..self.padded.len() - 2]
+    }
+
+    /// The code of `x` (a value divided by its block's scale): the index of the nearest entry, a
+    /// tie going up. The last entry at most `x` (0 below the first), then a step up when `x` is
+    /// past the midpoint to the next.
+    pub fn encode(&self, x: f32) -> u32 {
+        let t = &self.padded;
+        let mut code = usize::from(self.start[(ordered(x) >> 16) as usize]);
+        code += usize::from(t[code + 1] <= x);
+        code += usize::from(t[code + 1] <= x);
+        // Past the last entry the next is +∞: no step.
+        code += usize::from(x - t[code] >= (t[code + 1] - t[code]) * 0.5);
+        code as u32
+    }
+}
+
+/// `x`'s bits as a key that orders as the values do (negative values below positive ones).
+fn ordered(x: f32) -> u32 {
+    let bits = x.to_bits();
+    if bits >> 31 == 1 {
+        !bits
+    } else {
+        bits | 1 << 31
+    }
+}
+
+/// The value whose [`ordered`] key is `key`.
+fn from_ordered(key: u32) -> f32 {
+    f32::from_bits(if key >> 31 == 1 {
+        key & !(1 << 31)
+    } else {
+        !key
+    })
 }
 
 /// The dynamic map of `total_bits` with up to `exponent_bits` exponent bits, as described in
@@ -112,18 +182,6 @@ fn dynamic_map(signed: bool, exponent_bits: i32, total_bits: i32) -> Vec<f32> {
     map.into_iter().map(|v| v as f32).collect()
 }
 
-/// The code of `x` (a value divided by its block's scale) in `table`: the index of the nearest
-/// entry, a tie going up. A binary search for the last entry at most `x` (0 below the first),
-/// then a step up when `x` is past the midpoint to the next.
-pub fn encode(x: f32, table: &[f32]) -> u32 {
-    let mut code = table.partition_point(|&entry| entry <= x).saturating_sub(1);
-    let up = (code + 1).min(table.len() - 1);
-    if x - table[code] >= (table[up] - table[code]) * 0.5 {
-        code = up;
-    }
-    code as u32
-}
-
 /// The scale a block of largest magnitude `largest` keeps.
 pub fn block_scale(largest: f32) -> f32 {
     largest.max(MIN_SCALE)
@@ -136,7 +194,8 @@ pub mod cube {
 
     use cubecl::prelude::*;
 
-    /// [`super::encode`], the search written out: the last entry at most `x`, then the step up.
+    /// [`super::Coder::encode`]'s code, by a binary search for the last entry at most `x`
+    /// (0 below the first), then the step up past the midpoint.
     #[cube]
     pub fn encode(x: f32, table: &Tensor<f32>) -> u32 {
         let mut code = 0usize;
@@ -200,6 +259,22 @@ mod tests {
         assert_eq!(table(Moment::Second, 4)[0], 1.0 / 16.0);
     }
 
+    /// No range of the coders' index holds more than two entries, so two steps up from its
+    /// start always reach a value's code.
+    #[test]
+    fn each_range_of_the_index_holds_at_most_two_entries() {
+        for (moment, bits) in TABLES {
+            let start = &coder(moment, bits).start;
+            for (range, next) in start.windows(2).enumerate() {
+                let entries = i32::from(next[1]) - i32::from(next[0]);
+                assert!(
+                    entries <= 2,
+                    "{moment:?} {bits}: range {range} holds {entries}"
+                );
+            }
+        }
+    }
+
     /// The search finds the nearest entry for values across each table's range, between its
     /// entries, on them and on their midpoints, and beyond its ends (within f32 rounding of the
     /// distances at a midpoint); an exact tie goes up.
@@ -212,7 +287,7 @@ mod tests {
                 probes.extend([w[0], w[1], (w[0] + w[1]) / 2.0, w[0] * 0.7 + w[1] * 0.3]);
             }
             for x in probes {
-                let code = encode(x, t) as usize;
+                let code = coder(moment, bits).encode(x) as usize;
                 let distance = (t[code] - x).abs();
                 let nearest = t
                     .iter()
@@ -226,7 +301,8 @@ mod tests {
             }
         }
         // Midway between 1/16 and 2/16 (exact in f32): the upper one.
-        assert_eq!(encode(3.0 / 32.0, table(Moment::Second, 4)), 1);
-        assert_eq!(encode(3.0 / 32.0 - 1e-6, table(Moment::Second, 4)), 0);
+        let four = coder(Moment::Second, 4);
+        assert_eq!(four.encode(3.0 / 32.0), 1);
+        assert_eq!(four.encode(3.0 / 32.0 - 1e-6), 0);
     }
 }

@@ -22,10 +22,9 @@ const STEP_TIME: [(&str, f64); 23] = [
     ("baseline", 1.00),
     ("memwall", 1.12),
     ("memwall-sgd", 1.18),
-    // memwall's 1.12 over their medians 0.80× and 0.82× of its speed (Flex's coded update
-    // searches each moment's table: 8 steps in 8 bits, 4 in 4).
-    ("memwall-adam8", 1.40),
-    ("memwall-adam4", 1.37),
+    // memwall's 1.12 over their medians 0.885× and 0.904× of its speed.
+    ("memwall-adam8", 1.27),
+    ("memwall-adam4", 1.24),
     ("flash-attention", 0.92),
     ("fused-loss", 0.95),
     ("flash+fused", 0.90),

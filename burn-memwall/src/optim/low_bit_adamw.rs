@@ -266,9 +266,11 @@ mod tests {
     /// short last block and a last word with idle lanes.
     #[test]
     fn each_step_is_the_f64_rule() {
-        let mut devices = vec![Device::flex()];
-        #[cfg(feature = "wgpu")]
-        devices.push(Device::wgpu(Default::default()));
+        let devices = [
+            Device::flex(),
+            #[cfg(feature = "wgpu")]
+            Device::wgpu(Default::default()),
+        ];
         let n = 700;
         for device in devices {
             for moment_bits in [MomentBits::Eight, MomentBits::Four] {

@@ -1,10 +1,10 @@
 //! The Flex path: rayon over the blocks, each block in two passes (decode and update, then the
 //! parameter and the codes under the new scales), with `burn_memwall_codes::moments`' host
-//! arithmetic in the kernel's order, so that both give the same codes.
+//! coders in the kernel's arithmetic order, so that both give the same codes.
 
 use burn::backend::Flex;
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn_memwall_codes::moments::{block_scale, block_size, encode};
+use burn_memwall_codes::moments::{Coder, Moment, block_scale, block_size, coder};
 use burn_memwall_codes::packing::{field_at, lanes};
 use rayon::prelude::*;
 
@@ -20,8 +20,9 @@ impl LowBitAdamWBackend for Flex {
         scales_1: FloatTensor<Flex>,
         words_2: IntTensor<Flex>,
         scales_2: FloatTensor<Flex>,
-        table_1: FloatTensor<Flex>,
-        table_2: FloatTensor<Flex>,
+        // The host's own coders hold the tables, with the index that finds a code quickly.
+        _table_1: FloatTensor<Flex>,
+        _table_2: FloatTensor<Flex>,
         bits: u32,
         step: AdamWStep,
     ) -> (
@@ -35,8 +36,7 @@ impl LowBitAdamWBackend for Flex {
         let (mut param, grad) = (contiguous_f32(param), contiguous_f32(grad));
         let (mut words_1, mut words_2) = (contiguous_u32(words_1), contiguous_u32(words_2));
         let (mut scales_1, mut scales_2) = (contiguous_f32(scales_1), contiguous_f32(scales_2));
-        let (table_1, table_2) = (contiguous_f32(table_1), contiguous_f32(table_2));
-        let tables = [table_1.storage::<f32>(), table_2.storage::<f32>()];
+        let coders = [coder(Moment::First, bits), coder(Moment::Second, bits)];
         let block = block_size(bits);
         let words_per_block = block / lanes(bits) as usize;
         param
@@ -51,7 +51,7 @@ impl LowBitAdamWBackend for Flex {
                 let block = Block {
                     words: [words_1, words_2],
                     scales: [scale_1, scale_2],
-                    tables,
+                    coders,
                     bits,
                 };
                 block.update(w, g, &step);
@@ -70,7 +70,7 @@ impl LowBitAdamWBackend for Flex {
 struct Block<'a> {
     words: [&'a mut [u32]; 2],
     scales: [&'a mut f32; 2],
-    tables: [&'a [f32]; 2],
+    coders: [&'a Coder; 2],
     bits: u32,
 }
 
@@ -80,22 +80,26 @@ impl Block<'_> {
         let Self {
             words,
             scales,
-            tables,
+            coders,
             bits,
         } = self;
         let lanes = lanes(bits) as usize;
-        let decoded = |moment: usize, i: usize| {
-            let field = field_at(words[moment][i / lanes], (i % lanes) as u32, bits);
-            tables[moment][field as usize] * *scales[moment]
-        };
+        let [table_1, table_2] = coders.map(Coder::table);
         // The moments in f32, as the kernel holds them in its units' registers.
         let mut moments = [[0f32; 256]; 2];
         let mut largest = [0f32; 2];
-        for (i, &g) in g.iter().enumerate() {
-            let m = decoded(0, i) * step.beta_1 + g * (1.0 - step.beta_1);
-            let v = decoded(1, i) * step.beta_2 + g * g * (1.0 - step.beta_2);
-            (moments[0][i], moments[1][i]) = (m, v);
-            largest = [largest[0].max(m.abs()), largest[1].max(v)];
+        // A word at a time: no division per value.
+        for (k, g) in g.chunks(lanes).enumerate() {
+            let (word_1, word_2) = (words[0][k], words[1][k]);
+            for (lane, &g) in g.iter().enumerate() {
+                let i = k * lanes + lane;
+                let old_1 = table_1[field_at(word_1, lane as u32, bits) as usize] * *scales[0];
+                let old_2 = table_2[field_at(word_2, lane as u32, bits) as usize] * *scales[1];
+                let m = old_1 * step.beta_1 + g * (1.0 - step.beta_1);
+                let v = old_2 * step.beta_2 + g * g * (1.0 - step.beta_2);
+                (moments[0][i], moments[1][i]) = (m, v);
+                largest = [largest[0].max(m.abs()), largest[1].max(v)];
+            }
         }
         for (w, (&m, &v)) in w.iter_mut().zip(moments[0].iter().zip(&moments[1])) {
             let delta =
@@ -107,7 +111,7 @@ impl Block<'_> {
             // Lanes past the parameter's end code a zero, as the kernel's idle units do.
             for (word, values) in words[moment].iter_mut().zip(moments[moment].chunks(lanes)) {
                 *word = values.iter().enumerate().fold(0, |word, (lane, &x)| {
-                    word | encode(x / scale, tables[moment]) << (lane as u32 * bits)
+                    word | coders[moment].encode(x / scale) << (lane as u32 * bits)
                 });
             }
             *scales[moment] = scale;
