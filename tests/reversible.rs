@@ -176,6 +176,67 @@ fn a_chain_whose_input_needs_no_gradient_still_trains_its_parameters() {
     assert_close("first weight's gradient", &"frozen input", 1e-4, got, want);
 }
 
+/// [`Mlp`] counting its evaluations in a counter its chain shares.
+#[derive(Module, Debug)]
+struct Counted {
+    mlp: Mlp,
+    #[module(skip)]
+    evaluations: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl CouplingFunction<3> for Counted {
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        self.evaluations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.mlp.forward(x)
+    }
+}
+
+/// With an input that needs no gradient and every block frozen but the third of four (as
+/// block-coordinate training leaves them), the backward pass rebuilds the fourth and third blocks
+/// only, and the trained block's gradients are the plain sequence's.
+#[test]
+fn below_the_lowest_trained_block_no_backward_runs() {
+    let _turn = common::take_turn();
+    let device = Device::flex().autodiff();
+    device.seed(4);
+    let evaluations = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counted = |trains: bool| {
+        let mut mlp = Mlp::new(4, 8, 0.0, &device);
+        for linear in [&mut mlp.up, &mut mlp.down] {
+            linear.weight = linear.weight.clone().set_require_grad(trains);
+            linear.bias = linear
+                .bias
+                .clone()
+                .map(|bias| bias.set_require_grad(trains));
+        }
+        Counted {
+            mlp,
+            evaluations: evaluations.clone(),
+        }
+    };
+    let stack = ReversibleSequence::new(
+        (0..4)
+            .map(|block| (counted(block == 2), counted(block == 2)))
+            .collect(),
+    );
+    let x = host_tensor([1, 3, 8], 0.1, &device);
+    let output = stack.forward(x.clone()).sum();
+    let before = evaluations.load(std::sync::atomic::Ordering::Relaxed);
+    let grads = output.backward();
+    let rebuilt = evaluations.load(std::sync::atomic::Ordering::Relaxed) - before;
+    assert_eq!(rebuilt, 4, "F and G of the fourth and third blocks");
+    let want = plain(&stack, x).sum().backward();
+    let weight = &stack.g[2].mlp.up.weight;
+    assert_close(
+        "trained weight's gradient",
+        &"third block",
+        1e-4,
+        weight.val().grad(&grads).unwrap().into_data(),
+        weight.val().grad(&want).unwrap().into_data(),
+    );
+}
+
 #[test]
 fn randomness_and_odd_widths_are_refused() {
     let _turn = common::take_turn();

@@ -190,7 +190,8 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
         }
         // A chain whose input needs no gradient still owes its parameters theirs: the op is a
         // node of the graph only when its input is.
-        let x = if x.is_tracked() { x } else { x.require_grad() };
+        let input_tracked = x.is_tracked();
+        let x = if input_tracked { x } else { x.require_grad() };
         let mut anchors = Vec::new();
         let every = self.anchor_every;
         let (f, g) = (detached(&self.f), detached(&self.g));
@@ -203,7 +204,17 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
             let uses = external_uses(self, &in_backward);
             Routing { in_backward, uses }
         });
-        let trained = params.iter().map(|(id, _)| *id).collect();
+        let trained: HashSet<ParamId> = params.iter().map(|(id, _)| *id).collect();
+        // Below the lowest block with a trained parameter, an untracked input's chain owes no
+        // gradient to anything (block-coordinate training freezes all but one block).
+        let first_block_owed = match input_tracked {
+            true => 0,
+            false => (0..self.f.len())
+                .find(|&block| {
+                    holds_any(&self.f[block], &trained) || holds_any(&self.g[block], &trained)
+                })
+                .unwrap_or(0),
+        };
         // The blocks themselves, not evaluation copies: weights that update in their own
         // backward (counter codes) must update the model's, in the recomputation.
         let chain = Chain {
@@ -213,6 +224,7 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
             anchors,
             routing,
             trained,
+            first_block_owed,
         };
         let context = BackwardContext::new(Box::new(chain), params);
         Ok(attach_backward(x, Tensor::from_inner(output), context))
@@ -335,6 +347,9 @@ struct Chain<F, G, const D: usize> {
     routing: Option<Routing>,
     /// The parameters that train: only they get a gradient in the recomputation.
     trained: HashSet<ParamId>,
+    /// The lowest block whose backward is owed: 0 when the input's gradient is, else the
+    /// lowest with a trained parameter.
+    first_block_owed: usize,
 }
 
 /// The parameters whose gradients go to an [`InBackward`] instead of to the graph.
@@ -372,6 +387,7 @@ where
             mut anchors,
             mut routing,
             trained,
+            first_block_owed,
         } = *self;
         let mut give = |gradients: Vec<(ParamId, DispatchTensor)>| {
             for (id, gradient) in gradients {
@@ -388,6 +404,10 @@ where
         let mut dy = Tensor::<D>::from_dispatch(output_gradient);
         // Walking back, each block is dropped once done, so its parameters are held no longer.
         for (block, (f, g)) in f.into_iter().zip(g).enumerate().rev() {
+            if block < first_block_owed {
+                // The input is a leaf made for the chain, whose gradient nobody reads.
+                break;
+            }
             let [y1, y2] = halves(y);
             let [dy1, dy2] = halves(dy);
             // This block's input when it was kept: F's recomputation then starts from the
@@ -488,6 +508,22 @@ fn external_uses<M: Module>(
     };
     module.visit(&mut uses);
     uses.uses
+}
+
+/// Whether `module` holds a parameter of `ids`.
+fn holds_any<M: Module>(module: &M, ids: &HashSet<ParamId>) -> bool {
+    struct Holds<'a> {
+        ids: &'a HashSet<ParamId>,
+        found: bool,
+    }
+    impl ModuleVisitor for Holds<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.found |= self.ids.contains(&param.id);
+        }
+    }
+    let mut holds = Holds { ids, found: false };
+    module.visit(&mut holds);
+    holds.found
 }
 
 /// The parameters of `module` that train (require a gradient): their autodiff leaves, whose
