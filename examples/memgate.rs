@@ -69,6 +69,11 @@ struct Args {
     /// The weights' precision and LoRA (adapters' alpha: 2 × rank).
     #[command(flatten)]
     weights: WeightArgs,
+    /// Steps per block for the stacks that train one block at a time (default: the stack's,
+    /// 50). A block's optimizer state is made at its first step's update, so its second step is
+    /// its steady state: with 2, `--steps` of twice the blocks and one more measure every block.
+    #[arg(long)]
+    switch_every: Option<usize>,
     /// Stacks to run (default: all).
     #[arg(long, value_delimiter = ',')]
     stacks: Vec<String>,
@@ -279,7 +284,13 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
     let precision = args.weights.precision()?;
     let device = DeviceChoice::from_arg_or_env(Some(&args.device))?.device_in(precision.dtype())?;
     let mut config = LmConfig::preset(&args.model)?;
-    let optimizer = stack.switches.apply(&mut config);
+    let mut switches = stack.switches;
+    let optimizer = switches.apply(&mut config);
+    if let (Some(schedule), Some(switch_every)) =
+        (&mut switches.block_coordinate, args.switch_every)
+    {
+        schedule.switch_every = switch_every;
+    }
     if let Some(tie) = args.tie_embeddings {
         config.tie_embeddings = tie;
     }
@@ -298,6 +309,7 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
         .with_batch_size(args.batch)
         .with_learning_rate(args.lr)
         .with_optimizer(optimizer)
+        .with_block_coordinate(switches.block_coordinate)
         .with_precision(precision)
         .with_seed(args.seed)
         .with_lora(lora);
@@ -309,7 +321,7 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
     )?;
     let pools = measured.pools;
     let shape = args.weights.step_shape(precision, args.batch, args.seq);
-    let plan = optimizer.plan(precision.half_update());
+    let plan = switches.optimizer_plan(precision.half_update());
     // None where the budget does not model the stack on this device.
     let predicted_peak_bytes = step_budget(&config, &plan, shape, DeviceMemory::of(&device))
         .ok()

@@ -19,6 +19,7 @@ use burn_memwall::device::describe;
 use burn_memwall::memory::budget::DeviceMemory;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes, parse_bytes};
 use burn_memwall::ops::saved_rows::SavedPrecision;
+use burn_memwall::optim::BlockOrder;
 use burn_memwall_models::data::{Corpus, TextTokenizer, load_text, split_text};
 use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LinearKind, LmConfig, LoraConfig, LossKind, MlpKind, PRESETS,
@@ -26,8 +27,8 @@ use burn_memwall_models::lm::{
 };
 use burn_memwall_models::pretrained::Pretrained;
 use burn_memwall_models::training::{
-    Artifacts, Candidate, LossCurve, NamedSwitches, Plan, Precision, RunConfig, Start, Switches,
-    TrainingConfig, find_stack, train,
+    Artifacts, BlockSchedule, Candidate, LossCurve, NamedSwitches, Plan, Precision, RunConfig,
+    Start, Switches, TrainingConfig, find_stack, train,
 };
 use clap::{Parser, ValueEnum};
 
@@ -95,6 +96,16 @@ enum MlpArg {
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum BlockOrderArg {
+    /// From the token table up to the head.
+    Ascending,
+    /// From the head down to the token table (BAdam's default).
+    Descending,
+    /// A new random order for each pass over the blocks, drawn from `--seed`.
+    Random,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
 enum SaversArg {
     /// Burn's autodiff of the composed norm and MLP activation.
     None,
@@ -132,7 +143,8 @@ struct Args {
     /// fused loss, full-width reversible blocks, saving norm and MLP ops, FusedAdamW in backward),
     /// memwall-sgd (SGD in
     /// backward), memwall-counter (every matrix a counter code), memwall-adam8 / memwall-adam4
-    /// (AdamW's moments in 8 / 4 bits), or any single-part stack that
+    /// (AdamW's moments in 8 / 4 bits), memwall-badam (one block of the model at a time, BAdam:
+    /// the token table, each layer, the head), or any single-part stack that
     /// memgate measures (flash+fused, all-fused, …). The flags below override single parts.
     #[arg(long, default_value = "memwall")]
     stack: String,
@@ -141,6 +153,13 @@ struct Args {
     /// Flex only so far.
     #[arg(long, value_parser = parse_bytes, conflicts_with_all = ["stack", "attention", "blocks", "linear", "loss", "savers"])]
     fit: Option<u64>,
+    /// Train one block of the model at a time (BAdam), this many steps each (memwall-badam:
+    /// 50); the optimizer then holds one block's state.
+    #[arg(long)]
+    switch_every: Option<usize>,
+    /// The order of the blocks with block-coordinate training (default: descending).
+    #[arg(long, value_enum)]
+    block_order: Option<BlockOrderArg>,
     /// Attention implementation; both train the same weights.
     #[arg(long, value_enum)]
     attention: Option<AttentionArg>,
@@ -332,6 +351,18 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(base) = &base_config {
         keep_the_function(&mut switches, base, &args)?;
     }
+    if args.switch_every.is_some() || args.block_order.is_some() {
+        let schedule = switches
+            .block_coordinate
+            .get_or_insert(BlockSchedule::BADAM);
+        schedule.switch_every = args.switch_every.unwrap_or(schedule.switch_every);
+        schedule.order = match args.block_order {
+            None => schedule.order,
+            Some(BlockOrderArg::Ascending) => BlockOrder::Ascending,
+            Some(BlockOrderArg::Descending) => BlockOrder::Descending,
+            Some(BlockOrderArg::Random) => BlockOrder::Random { seed: args.seed },
+        };
+    }
     let optimizer = switches.apply(&mut model);
     let lora = args.weights.lora.map(|rank| {
         let alpha = args.lora_alpha.unwrap_or(2.0 * rank as f64);
@@ -348,6 +379,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .with_decay_steps(args.decay)
         .with_final_learning_rate(args.final_lr)
         .with_optimizer(optimizer)
+        .with_block_coordinate(switches.block_coordinate)
         .with_seed(args.seed)
         .with_precision(precision)
         .with_lora(lora.clone());
@@ -364,7 +396,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     println!(
         "stack {}: attention {:?}, loss {:?}, blocks {:?}, linears {:?}, savers {:?} (saved \
-         {:?}), optimizer {:?}, {:?}",
+         {:?}), optimizer {:?}{}, {:?}",
         stack.name,
         model.attention,
         model.loss,
@@ -373,6 +405,13 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         model.savers,
         model.saved_precision,
         optimizer,
+        match switches.block_coordinate {
+            Some(schedule) => format!(
+                " one block at a time ({} steps each, {:?})",
+                schedule.switch_every, schedule.order
+            ),
+            None => String::new(),
+        },
         precision
     );
     if let Some(base) = &base {

@@ -14,7 +14,7 @@ use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LinearKind, LmConfig, LoraConfig, LossKind, MlpKind, PRESETS,
     SaverKind, StepShape, parameter_census, saved_activations,
 };
-use burn_memwall_models::training::{Plan, Precision, StepOptimizer};
+use burn_memwall_models::training::{Candidate, Plan, Precision, StepOptimizer};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -96,15 +96,27 @@ fn compare_step_peaks(
                 Plan::new(&base, shape, precision.half_update(), DeviceMemory::Heap).unwrap();
             for candidate in &plan.candidates {
                 let mut config = base.clone();
-                let optimizer = candidate.stack.switches.apply(&mut config);
+                let mut switches = candidate.stack.switches;
+                let optimizer = switches.apply(&mut config);
+                // One block at a time: two steps per block, and one more, so that each block's
+                // second step (the first whose forward pass finds its optimizer state) is
+                // measured.
+                let steps = match &mut switches.block_coordinate {
+                    Some(schedule) => {
+                        schedule.switch_every = 2;
+                        2 * config.coordinate_blocks().len() + 1
+                    }
+                    None => 2,
+                };
                 // f16: a loss scale that does not overflow the first steps. The optimizer's
                 // state is made at a parameter's first update, which an overflow skips, and
                 // the budget predicts the steady state.
                 let training = common::step_training(optimizer, 2)
+                    .with_block_coordinate(switches.block_coordinate)
                     .with_precision(precision)
                     .with_loss_scale(LossScaleConfig::new().with_initial_scale(1024.0))
                     .with_lora(lora_rank.map(|rank| LoraConfig::new(rank, 2.0 * rank as f64)));
-                let measured = common::measure_run(&config, training, &windows, 2, device)
+                let measured = common::measure_run(&config, training, &windows, steps, device)
                     .pools
                     .peak;
                 let label = format!(
@@ -395,11 +407,21 @@ fn the_planner_picks_the_cheapest_stack_that_fits() {
     let plan = Plan::new(&config, StepShape::f32(2, 256), None, DeviceMemory::Heap).unwrap();
     let everything = plan.fitting(u64::MAX).unwrap();
     assert_eq!(everything.len(), plan.candidates.len());
-    let times: Vec<f64> = everything.iter().map(|c| c.step_time).collect();
-    assert!(times.is_sorted(), "cheapest first: {times:?}");
+    // Every weight trained at every step first, then one block at a time; each cheapest first.
+    let one_block = |c: &&Candidate| c.stack.switches.block_coordinate.is_some();
+    let split = everything.partition_point(|c| !one_block(c));
+    assert!(
+        everything[split..].iter().all(one_block),
+        "one block at a time last"
+    );
+    for part in [&everything[..split], &everything[split..]] {
+        let times: Vec<f64> = part.iter().map(|c| c.step_time).collect();
+        assert!(times.is_sorted(), "cheapest first: {times:?}");
+    }
     assert!(
         plan.candidates
             .iter()
+            .filter(|c| !one_block(c))
             .all(|c| c.step_time >= everything[0].step_time)
     );
 

@@ -3,15 +3,15 @@
 mod common;
 
 use burn::prelude::*;
-use burn_memwall::optim::MomentBits;
+use burn_memwall::optim::{BlockOrder, MomentBits};
 use burn_memwall_models::Error;
 use burn_memwall_models::checkpoint::{load_safetensors, save_safetensors};
 use burn_memwall_models::data::{Corpus, DEFAULT_CORPUS, TextTokenizer};
 use burn_memwall_models::lm::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind};
 use burn_memwall_models::pretrained::Pretrained;
 use burn_memwall_models::training::{
-    Artifacts, Precision, RunConfig, Stack, Start, StepOptimizer, TrainReport, TrainingConfig,
-    train,
+    Artifacts, BlockSchedule, Precision, RunConfig, Stack, Start, StepOptimizer, TrainReport,
+    TrainingConfig, train,
 };
 
 fn model_config() -> LmConfig {
@@ -793,11 +793,25 @@ fn stacks_resolve_to_their_switches() {
             LinearKind::Dense,
             StepOptimizer::InBackwardLowBitAdamW(MomentBits::Four),
         ),
+        (
+            "memwall-badam",
+            Flash,
+            Fused,
+            BlockKind::Reversible,
+            LinearKind::Dense,
+            StepOptimizer::InBackwardFusedAdamW,
+        ),
     ];
     assert_eq!(Stack::ALL.len(), want.len());
     for (name, attention, loss, blocks, linear, optimizer) in want {
         let stack = Stack::from_name(name).unwrap();
         assert_eq!(stack.name(), name);
+        let block_coordinate = (name == "memwall-badam").then_some(BlockSchedule::BADAM);
+        assert_eq!(
+            stack.switches().block_coordinate,
+            block_coordinate,
+            "{name}"
+        );
         // From a config whose switches are all the other way, so that each one is set.
         let mut config = model_config()
             .with_attention(if attention == Flash {
@@ -843,6 +857,59 @@ fn the_memwall_stack_learns() {
             last.valid_loss
         );
     }
+}
+
+/// The `memwall-badam` stack through the Learner (five steps per block, in a random order, so
+/// that blocks switch inside epochs): each step updates one block's parameters only, only that
+/// block's optimizer state is kept, the loss falls, and a run resumed after epoch 2 (in the middle of a block's turn, with that block's
+/// optimizer state from the checkpoint) continues exactly.
+#[test]
+fn block_coordinate_training_resumes_exactly_through_the_learner() {
+    let _turn = common::take_turn();
+    let device = Device::flex();
+    let badam = |epochs| {
+        let mut config = run_config(epochs);
+        config.training.optimizer = Stack::MemwallBadam.apply(&mut config.model);
+        config.training.block_coordinate = Some(BlockSchedule {
+            switch_every: 5,
+            order: BlockOrder::Random { seed: 5 },
+        });
+        config
+    };
+    let dir = common::temp_dir();
+    let artifacts = Artifacts::new(dir.path());
+    let first = run(&badam(2), &device, &artifacts, &Start::Fresh).unwrap();
+    let counts = first.model.in_backward().unwrap().last_step();
+    let every = common::parameters(&first.model).len();
+    assert!(
+        counts.in_backward > 0 && counts.in_backward < every / 2 && counts.after_backward == 0,
+        "one block of {every} parameters updated: {counts:?}"
+    );
+    assert!(
+        first.epochs[1].valid_loss < 0.8 * (256f64).ln(),
+        "{:?}",
+        first.epochs
+    );
+    // The checkpoint keeps the state of the block that trained last, one file per parameter
+    // (burn-train's checkpoint folder).
+    let states = dir.path().join("checkpoint").join("optim-2-parameters");
+    assert_eq!(
+        std::fs::read_dir(states).unwrap().count(),
+        counts.in_backward,
+        "states kept"
+    );
+
+    let uninterrupted_dir = common::temp_dir();
+    let uninterrupted = run(
+        &badam(3),
+        &device,
+        &Artifacts::new(uninterrupted_dir.path()),
+        &Start::Fresh,
+    )
+    .unwrap();
+    assert_eq!(losses(&first), losses(&uninterrupted)[..2]);
+    let resumed = run(&badam(3), &device, &artifacts, &Start::resume()).unwrap();
+    assert_eq!(losses(&resumed), losses(&uninterrupted)[2..]);
 }
 
 /// One epoch of `model` through burn-train's `SupervisedTraining` with the `InBackwardTraining`

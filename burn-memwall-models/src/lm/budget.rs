@@ -221,6 +221,10 @@ struct Dims {
     half: bool,
     /// The rank of the blocks' LoRA adapters, when only they train.
     lora_rank: Option<u64>,
+    /// Whether the layers' own weights train (not with LoRA: its adapters do).
+    layers_train: bool,
+    /// Whether the token table, the final norm and the head train.
+    table_and_head_train: bool,
     /// What the norms and the MLP's activation keep.
     savers: SaverKind,
     /// A saving SwiGLU and the dense down projection are one node that recomputes the product
@@ -252,6 +256,10 @@ impl Dims {
             float: shape.float.size() as u64,
             half: shape.float.size() == 2,
             lora_rank: shape.lora_rank.map(|rank| rank as u64),
+            layers_train: shape.lora_rank.is_none()
+                && shape.trained != TrainedWeights::TableAndHead,
+            table_and_head_train: shape.lora_rank.is_none()
+                && shape.trained != TrainedWeights::Layers,
             savers: config.savers,
             recomputes_product: config.savers == SaverKind::Exact
                 && config.mlp == MlpKind::SwiGlu
@@ -269,21 +277,15 @@ impl Dims {
         }
     }
 
-    /// Whether the norms' scales, the token table and the head train: all but the adapters are
-    /// frozen in a LoRA run.
-    fn base_trains(&self) -> bool {
-        self.lora_rank.is_none()
-    }
-
     /// What one RMSNorm keeps besides its output (which the ops reading it keep). Burn's: its
-    /// input, `x / rms` for its scale's gradient (not when the scale is frozen), an f32 copy of
-    /// the input in half precision (the mean square is taken in f32; in f32 the cast is the
-    /// input itself), and two `[T]` columns. The saving norm: one f32 per row (its backward
-    /// reads `x / rms` back from its output).
-    fn norm_saved(&self) -> Vec<Tensors> {
+    /// input, `x / rms` for its scale's gradient (when `scale_trains`), an f32 copy of the input
+    /// in half precision (the mean square is taken in f32; in f32 the cast is the input
+    /// itself), and two `[T]` columns. The saving norm: one f32 per row (its backward reads
+    /// `x / rms` back from its output).
+    fn norm_saved(&self, scale_trains: bool) -> Vec<Tensors> {
         match self.savers {
             SaverKind::Burn => vec![
-                self.td(1 + u64::from(self.base_trains())),
+                self.td(1 + u64::from(scale_trains)),
                 Tensors::new(u64::from(self.half), 4 * self.tokens * self.d),
                 self.columns(2),
             ],
@@ -295,7 +297,7 @@ impl Dims {
     /// too where the loss does not keep it (the fused loss makes its gradients in forward).
     fn final_norm_saved(&self, loss_keeps_hidden: bool) -> Vec<Tensors> {
         let output = self.savers == SaverKind::Exact && !loss_keeps_hidden;
-        let mut saved = self.norm_saved();
+        let mut saved = self.norm_saved(self.table_and_head_train);
         saved.push(self.td(u64::from(output)));
         saved
     }
@@ -501,7 +503,7 @@ fn standard_layer(
         Some(_) => 4 * linears,
         None => 0,
     };
-    let norm = dims.norm_saved();
+    let norm = dims.norm_saved(dims.layers_train);
     // The output projection's input (flash attention's own output, in the layout that merges
     // its heads for free; a copy of Burn's), the MLP's norm and output, the MLP's own.
     let projection_input = match config.attention {
@@ -580,6 +582,22 @@ pub struct StepShape {
     pub float: DType,
     /// The rank of LoRA adapters on the blocks' linears, when only they train (`lm::LoraConfig`).
     pub lora_rank: Option<usize>,
+    /// Which of the model's weights train in this step.
+    pub trained: TrainedWeights,
+}
+
+/// Which of the model's weights train in a step: block-coordinate training
+/// ([`burn_memwall::optim::BlockCoordinate`] over [`LmConfig::coordinate_blocks`]) trains a
+/// layer, or the token table with the final norm and the head, at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TrainedWeights {
+    /// Every weight (with LoRA, every adapter).
+    All,
+    /// The layers' (the worst case of one layer training: a phase of the budget is one
+    /// layer's); the token table, the final norm and the head are frozen.
+    Layers,
+    /// The token table's, the final norm's and the head's; the layers' are frozen.
+    TableAndHead,
 }
 
 impl StepShape {
@@ -590,6 +608,7 @@ impl StepShape {
             seq,
             float,
             lora_rank: None,
+            trained: TrainedWeights::All,
         }
     }
 
@@ -627,6 +646,7 @@ pub fn saved_activations(
     // LoRA, each adapter's two factors.
     let block_params = match shape.lora_rank {
         Some(_) => 2 * config.block_linears() as u64,
+        None if !dims.layers_train => 0,
         None => coding.trained_block_weights(config).count() as u64,
     };
     let mut terms = Vec::new();
@@ -635,7 +655,7 @@ pub fn saved_activations(
     let mut ops = 0;
     // Whether the loss keeps the final hidden states (see its terms below).
     let loss_keeps_hidden = match config.loss {
-        LossKind::Burn => dims.base_trains(),
+        LossKind::Burn => dims.table_and_head_train,
         LossKind::Fused => coding.table,
     };
     match config.blocks {
@@ -691,7 +711,7 @@ pub fn saved_activations(
                 "Burn's loss: hidden (when the head trains), logits − max, a column (+ the tied \
                  head's transposed copy on Flex): 4·(T·d + T·V + T + 1) + 4·V·d if tied",
                 [
-                    dims.td(u64::from(dims.base_trains())),
+                    dims.td(u64::from(dims.table_and_head_train)),
                     dims.floats(1, dims.tokens * dims.vocab),
                     dims.columns(1),
                     dims.floats(1, 1),
@@ -707,7 +727,7 @@ pub fn saved_activations(
                  forward: 4·(T·d + V·d + 1)",
                 [
                     dims.td(1),
-                    dims.vd(u64::from(dims.base_trains())),
+                    dims.vd(u64::from(dims.table_and_head_train)),
                     dims.floats(1, 1),
                 ],
             ));
@@ -736,7 +756,7 @@ pub fn saved_activations(
         // One graph hook per parameter read outside the blocks: the embedding, the final norm
         // and the head (the final norm only when the table and head are coded; none when
         // they are frozen).
-        ops += match (coding.table, dims.base_trains()) {
+        ops += match (coding.table, dims.table_and_head_train) {
             (_, false) => 0,
             (true, true) => 1,
             (false, true) => 3,
@@ -809,6 +829,42 @@ pub fn parameter_census(
     census
 }
 
+/// The largest of `config`'s [`LmConfig::coordinate_blocks`] among those `trained` names, in
+/// `census` (from [`parameter_census`]): its parameters train, the others count as frozen.
+///
+/// # Errors
+/// LoRA adapters or counter codes: not modelled with block-coordinate training.
+fn largest_coordinate_block(
+    config: &LmConfig,
+    lora_rank: Option<usize>,
+    trained: TrainedWeights,
+    census: &ParameterCensus,
+) -> Result<ParameterCensus, Error> {
+    if lora_rank.is_some() || config.linear != LinearKind::Dense {
+        return Err(Error::InvalidConfig(
+            "block-coordinate training is modelled for dense models without LoRA".into(),
+        ));
+    }
+    // The census's order: the table, each block's weights, the final norm, an untied head.
+    let per_layer = config.block_weights().len();
+    let (table, rest) = census.trained.split_at(1);
+    let (layers, output) = rest.split_at(per_layer * config.n_layers);
+    let blocks: Vec<Vec<u64>> = match trained {
+        TrainedWeights::Layers => layers.chunks(per_layer).map(<[u64]>::to_vec).collect(),
+        _ if config.tie_embeddings => vec![[table, output].concat()],
+        _ => vec![table.to_vec(), output.to_vec()],
+    };
+    let largest = blocks
+        .into_iter()
+        .max_by_key(|block| block.iter().sum::<u64>())
+        .unwrap_or_default();
+    let frozen = census.trained.iter().sum::<u64>() - largest.iter().sum::<u64>();
+    Ok(ParameterCensus {
+        trained: largest,
+        untrained_bytes: census.untrained_bytes + frozen,
+    })
+}
+
 /// Elements of one 64×64 tile: flash attention's backward holds a few per query block.
 const SCORE_TILE: u64 = 64 * 64;
 
@@ -857,6 +913,31 @@ pub fn step_budget(
     shape: StepShape,
     memory: DeviceMemory,
 ) -> Result<Budget, Error> {
+    if !optimizer.one_block_at_a_time {
+        return trained_step_budget(config, optimizer, shape, memory);
+    }
+    // The worst block's step: a layer's, or the table's and head's.
+    let mut worst: Option<Budget> = None;
+    for trained in [TrainedWeights::Layers, TrainedWeights::TableAndHead] {
+        let shape = StepShape { trained, ..shape };
+        let budget = trained_step_budget(config, optimizer, shape, memory)?;
+        if worst
+            .as_ref()
+            .is_none_or(|worst| budget.peak() > worst.peak())
+        {
+            worst = Some(budget);
+        }
+    }
+    Ok(worst.expect("two cases"))
+}
+
+/// [`step_budget`] with the weights that `shape` says train.
+fn trained_step_budget(
+    config: &LmConfig,
+    optimizer: &OptimizerPlan,
+    shape: StepShape,
+    memory: DeviceMemory,
+) -> Result<Budget, Error> {
     if shape.seq > config.max_seq_len {
         return Err(Error::SequenceTooLong {
             seq_len: shape.seq,
@@ -871,6 +952,11 @@ pub fn step_budget(
         )));
     }
     let census = parameter_census(config, shape.float, shape.lora_rank);
+    // What the optimizer keeps state for and updates.
+    let stepped = match shape.trained {
+        TrainedWeights::All => census.clone(),
+        trained => largest_coordinate_block(config, shape.lora_rank, trained, &census)?,
+    };
     let after = optimizer.timing == UpdateTiming::AfterBackward;
     let saved = saved_activations(config, shape, !after, memory)?;
     let dims = Dims::new(config, shape);
@@ -909,7 +995,7 @@ pub fn step_budget(
         let input = [tokens * d_out, d_in * d_out, tokens * d_in];
         let weight_batches = weight_gradient_batches(batch, seq, d_out);
         let weight = [tokens * d_out, tokens * d_in, weight_batches * d_in * d_out];
-        match dims.base_trains() {
+        match dims.layers_train {
             true => vec![input, weight],
             false => vec![input],
         }
@@ -920,7 +1006,7 @@ pub fn step_budget(
     };
     let fd = dims.floats(1, d_ff * d).bytes;
     let mlp_matrices = config.mlp_matrices() as u64;
-    let base_trains = dims.base_trains();
+    let (layers_train, head_trains) = (dims.layers_train, dims.table_and_head_train);
     // The trained weights of one block: with LoRA, its adapters' factors.
     let block: Vec<Tensors> = match shape.lora_rank {
         Some(rank) => config
@@ -930,6 +1016,7 @@ pub fn step_budget(
             // A and B together (the budget places them on Flex's heap only).
             .map(|weight| dims.floats(1, weight.adapter_elements(rank) as u64))
             .collect(),
+        None if !layers_train => Vec::new(),
         None => coding
             .trained_block_weights(config)
             .map(|weight| dims.floats(1, weight.elements() as u64))
@@ -946,7 +1033,10 @@ pub fn step_budget(
                 dims.floats(1, adapter(d, d) as u64),
             )
         }
-        None => (Tensors::new(mlp_matrices, fd), dims.floats(1, d * d)),
+        None => (
+            Tensors::new(u64::from(layers_train) * mlp_matrices, fd),
+            dims.floats(u64::from(layers_train), d * d),
+        ),
     };
     // The attention's matmuls: the projections' backward, and Burn's attention's scores.
     let attention_matmuls: Vec<[u64; 3]> = linear_backward(d, d)
@@ -968,7 +1058,7 @@ pub fn step_budget(
     };
     let tied = config.tie_embeddings;
     // The token table and the head are dense weights that train.
-    let table_trains = !coding.table && base_trains;
+    let table_trains = !coding.table && head_trains;
 
     let rope_tables = match config.blocks {
         BlockKind::Standard => 1,
@@ -990,7 +1080,7 @@ pub fn step_budget(
             format!("counter codes' shared state: {CODED_MATRIX_BYTES} B per coded matrix"),
             coding.matrices(config) * CODED_MATRIX_BYTES,
         ),
-        optimizer.replaced_parameters(&census, memory),
+        optimizer.replaced_parameters(&stepped, memory),
         Term::of(
             Pool::Buffers,
             format!("{rope_tables} rotary table(s) of 2·max_seq·d_head floats; the batch's ids"),
@@ -1002,7 +1092,7 @@ pub fn step_budget(
                 Tensors::new(2, 4 * tokens),
             ],
         ),
-        optimizer.state(&census),
+        optimizer.state(&stepped),
     ];
     let phase = |name: &'static str, terms: Vec<Term>| Phase {
         name,
@@ -1013,7 +1103,7 @@ pub fn step_budget(
     let gradients_after = |l: u64| {
         [
             dims.vd(u64::from(table_trains)),
-            dims.floats(u64::from(base_trains), d),
+            dims.floats(u64::from(head_trains), d),
         ]
         .into_iter()
         .chain((l + 1..layers).flat_map(|_| block.iter().copied()))
@@ -1053,7 +1143,9 @@ pub fn step_budget(
     let down_backward = match (coding.blocks, coding.ternary) {
         // A frozen dense weight with LoRA: no weight gradient; the adapter's share of the input
         // gradient (made first: its ops are newer) beside the weight's share as it is made.
-        (false, false) if !base_trains => vec![dims.tf(1), dims.tf(copies)],
+        (false, false) if shape.lora_rank.is_some() => vec![dims.tf(1), dims.tf(copies)],
+        // A frozen dense weight: the input gradient, made `copies` times.
+        (false, false) if !layers_train => vec![dims.tf(1), dims.tf(copies - 1)],
         // Dense: the input gradient, and the weight gradient made per batch or the input
         // gradient's second copy, whichever is larger.
         (false, false) => {
@@ -1166,7 +1258,7 @@ pub fn step_budget(
             let chunk_output =
                 match logits.bytes + copies * dims.vd(1).bytes >= copies * logits.bytes {
                     // A frozen head takes no weight-gradient share.
-                    _ if !base_trains => vec![Tensors::new(copies, logits.bytes)],
+                    _ if !head_trains => vec![Tensors::new(copies, logits.bytes)],
                     true => vec![logits, dims.vd(copies - first_only)],
                     false => vec![
                         Tensors::new(copies - 1, logits.bytes),
@@ -1202,7 +1294,7 @@ pub fn step_budget(
             // [B, d, vocab] tensor, summed after.
             let weight_gradient = match (tied, memory) {
                 // A frozen head takes no gradient.
-                _ if !base_trains => Vec::new(),
+                _ if !head_trains => Vec::new(),
                 // Held twice at its creation, less the table's transposed copy, freed first.
                 (true, DeviceMemory::Heap) => vec![
                     Tensors::new(1, batch * vd),
@@ -1387,7 +1479,7 @@ pub fn step_budget(
             "the embedding's output gradient and its zeroed [vocab, d] gradient (none when \
              frozen)"
                 .into(),
-            vec![dims.td(1), dims.vd(copies * u64::from(base_trains))],
+            vec![dims.td(1), dims.vd(copies * u64::from(head_trains))],
         ),
         // A coded table updates itself a zeroed block of rows at a time.
         true => workspace(
@@ -1412,8 +1504,8 @@ pub fn step_budget(
         phases.push(phase(
             "optimizer step",
             vec![
-                optimizer.gradients(&census),
-                optimizer.update_temporaries(&census),
+                optimizer.gradients(&stepped),
+                optimizer.update_temporaries(&stepped),
             ],
         ));
     }

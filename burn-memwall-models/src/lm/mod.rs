@@ -11,8 +11,8 @@ mod reversible;
 
 pub use attention::CausalSelfAttention;
 pub use budget::{
-    CHAIN_BYTES_PER_BLOCK, GRAPH_BYTES_PER_OP, ROUTED_USE_BYTES, StepShape, parameter_census,
-    saved_activations, step_budget,
+    CHAIN_BYTES_PER_BLOCK, GRAPH_BYTES_PER_OP, ROUTED_USE_BYTES, StepShape, TrainedWeights,
+    parameter_census, saved_activations, step_budget,
 };
 pub use config::{
     AttentionKind, BlockKind, LmConfig, LossKind, MlpKind, PRESETS, SIZE_PRESETS, SaverKind,

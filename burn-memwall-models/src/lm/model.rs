@@ -1,6 +1,6 @@
 //! The decoder-only language model.
 
-use burn::module::{Initializer, Module};
+use burn::module::{Initializer, Module, ParamGroup};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{
     Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig, RotaryEncoding,
@@ -162,6 +162,31 @@ impl LmConfig {
             in_backward: None,
             loss_scale: None,
         })
+    }
+}
+
+impl LmConfig {
+    /// The model's blocks for block-coordinate training ([`burn_memwall::optim::BlockCoordinate`]),
+    /// from the input up: the token table (with the final norm when the head is the table),
+    /// each layer, then the final norm and the head (when the head is its own). Every
+    /// parameter is in exactly one.
+    pub fn coordinate_blocks(&self) -> Vec<ParamGroup> {
+        let group = |pattern: String| {
+            ParamGroup::from_regex(&pattern).expect("the model's own path patterns are valid")
+        };
+        let layer = |i: usize| match self.blocks {
+            BlockKind::Standard => format!(r"^blocks\.{i}\."),
+            BlockKind::Reversible => format!(r"^reversible\.[fg]\.{i}\."),
+        };
+        let table = match self.tie_embeddings {
+            true => r"^(embedding|coded_embedding|norm)\.",
+            false => r"^(embedding|coded_embedding)\.",
+        };
+        let head = (!self.tie_embeddings).then(|| group(r"^(norm|head|coded_head)\.".into()));
+        std::iter::once(group(table.into()))
+            .chain((0..self.n_layers).map(|i| group(layer(i))))
+            .chain(head)
+            .collect()
     }
 }
 

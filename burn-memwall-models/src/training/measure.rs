@@ -95,6 +95,10 @@ pub fn measure_training_steps(
         .gradients(&sizes)
         .bytes();
     let mut optimizer = optimizer.init(weight_decay, precision, seed, loss_scale.as_ref());
+    let mut block_coordinate = match run.training.block_coordinate {
+        Some(schedule) => Some(schedule.init(config)?),
+        None => None,
+    };
     let parameter_bytes = sizes.bytes();
 
     let (mut peak, mut saved_activations) = (0u64, 0u64);
@@ -104,6 +108,9 @@ pub fn measure_training_steps(
         let batch = LmBatcher::batch_windows(&windows[first..first + batch_size], &train_device);
         meter.reset_peak();
         let started = Instant::now();
+        if let Some(schedule) = &mut block_coordinate {
+            model = schedule.begin_step(model, &mut optimizer, None);
+        }
         let before_forward = meter.live_bytes();
         let step_loss = model.loss(batch.inputs, batch.targets);
         if step > 0 {

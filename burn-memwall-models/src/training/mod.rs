@@ -22,13 +22,13 @@ use burn::train::metric::{LearningRateMetric, LossMetric};
 use burn::train::{Interrupter, Learner, SupervisedTraining, TrainingStrategy};
 use burn_memwall::memory::MemoryMeter;
 use burn_memwall::optim::{
-    InBackwardTraining, LossScale, LossScaleConfig, LossScaleRecord, StepMemory,
+    CheckpointFiles, InBackwardTraining, LossScale, LossScaleConfig, LossScaleRecord, StepMemory,
 };
 
 pub use curve::LossCurve;
 pub use loader::EpochLoader;
 pub use measure::{StepMeasurement, measure_training_steps};
-pub use optimizer::{Precision, StepOptimizer};
+pub use optimizer::{BlockSchedule, Precision, StepOptimizer};
 pub use plan::{Candidate, Plan};
 pub use progress::{EpochRecord, ProgressLog, ProgressRenderer};
 pub use stack::{NamedSwitches, PARTS, Stack, Switches, every_stack, find_stack};
@@ -78,6 +78,9 @@ pub struct TrainingConfig {
     /// ([`burn_memwall::optim::InBackward`]: the same updates, without a gradient pool).
     #[config(default = "StepOptimizer::AdamW")]
     pub optimizer: StepOptimizer,
+    /// Train one block of the model at a time (BAdam): the optimizer then holds the state of
+    /// one block only.
+    pub block_coordinate: Option<BlockSchedule>,
     /// Seeds the weights and the data order.
     #[config(default = 42)]
     pub seed: u64,
@@ -143,6 +146,10 @@ impl TrainingConfig {
             ("number of epochs", Some(self.epochs)),
             ("number of steps per epoch", self.max_steps_per_epoch),
             ("number of validation steps", self.max_validation_steps),
+            (
+                "number of steps per block",
+                self.block_coordinate.map(|schedule| schedule.switch_every),
+            ),
         ] {
             if value == Some(0) {
                 return fail(format!("the {name} must be positive"));
@@ -189,6 +196,13 @@ impl RunConfig {
         {
             return Err(Error::InvalidConfig(
                 "counter-coded linears train in f32 only: their codes decode and update in f32"
+                    .into(),
+            ));
+        }
+        if self.training.block_coordinate.is_some() && self.model.linear != LinearKind::Dense {
+            return Err(Error::InvalidConfig(
+                "block-coordinate training needs dense linears: a counter code updates itself \
+                 in its own backward, with no optimizer state to drop"
                     .into(),
             ));
         }
@@ -505,8 +519,11 @@ impl Artifacts {
         InBackwardTraining::verify_checkpoint(
             self.checkpoint_folder(),
             epoch,
-            run.training.optimizer.in_backward().is_some(),
-            run.training.precision.scales_loss(),
+            CheckpointFiles {
+                states_per_parameter: run.training.optimizer.in_backward().is_some(),
+                loss_scale: run.training.precision.scales_loss(),
+                block_coordinate: run.training.block_coordinate.is_some(),
+            },
         )
         .map_err(|e| e.to_string())
     }
@@ -648,6 +665,9 @@ pub fn train(
     }
     if let Some(loss_scale) = &loss_scale {
         strategy = strategy.with_loss_scale(loss_scale.clone());
+    }
+    if let Some(schedule) = training.block_coordinate {
+        strategy = strategy.with_block_coordinate(schedule.init(&run.model)?);
     }
     let strategy = Arc::new(strategy);
     let mut builder = SupervisedTraining::new(artifacts.dir(), train_loader, valid_loader)

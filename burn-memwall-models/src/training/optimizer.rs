@@ -4,12 +4,14 @@ use burn::optim::{AdamWConfig, ModuleOptimizer, Optimizer, SgdConfig};
 use burn::tensor::FloatDType;
 use burn_memwall::memory::budget::{Moments, OptimizerPlan, UpdateTiming};
 use burn_memwall::optim::{
-    FusedAdamWConfig, FusedSgdConfig, HalfPrecisionUpdate, InBackward, LossScale, LossScaled,
-    LowBitAdamWConfig, MasterWeights, MomentBits, StochasticRounding,
+    BlockCoordinate, BlockCoordinateConfig, BlockOrder, FusedAdamWConfig, FusedSgdConfig,
+    HalfPrecisionUpdate, InBackward, LossScale, LossScaled, LowBitAdamWConfig, MasterWeights,
+    MomentBits, StochasticRounding,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
+use crate::lm::LmConfig;
 
 /// The float type the model is stored and computed in (the device's default float type), and
 /// for bf16 and f16 how the weights take their updates. The optimizer steps in f32 in every
@@ -158,12 +160,43 @@ impl StepOptimizer {
                     | Self::InBackwardFusedSgd
             ),
             half_precision,
+            one_block_at_a_time: false,
         }
     }
 
     /// The handle that routes the model's parameters, for the optimizers that step in backward.
     pub fn in_backward(self) -> Option<InBackward> {
         (self != Self::AdamW).then(InBackward::new)
+    }
+}
+
+/// Block-coordinate training of the reference model (BAdam): its
+/// [`LmConfig::coordinate_blocks`] (the token table, each layer, the head) one at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockSchedule {
+    /// Steps each block trains before the next.
+    pub switch_every: usize,
+    /// The order of the blocks in each pass.
+    pub order: BlockOrder,
+}
+
+impl BlockSchedule {
+    /// BAdam's defaults: 50 steps per block, from the head down.
+    pub const BADAM: Self = Self {
+        switch_every: 50,
+        order: BlockOrder::Descending,
+    };
+
+    /// The schedule over `model`'s blocks, at its first step.
+    ///
+    /// # Errors
+    /// `switch_every` = 0.
+    pub fn init(self, model: &LmConfig) -> Result<BlockCoordinate, Error> {
+        BlockCoordinateConfig::new(model.coordinate_blocks())
+            .with_switch_every(self.switch_every)
+            .with_order(self.order)
+            .init()
+            .map_err(|error| Error::InvalidConfig(error.to_string()))
     }
 }
 

@@ -15,16 +15,20 @@ use super::{NamedSwitches, every_stack};
 /// stacks, with the saving ops since 2026-12-04, the median of three runs of 11 timed steps;
 /// the `flash+fused+savers` stacks `flash+fused`'s times their median of five runs beside it,
 /// with the norm's and SwiGLU's kernels, 2026-12-05; the `memwall-adam` stacks `memwall`'s
-/// times their median of three runs beside it, 2026-12-05; docs/BENCHMARKS.md, "The memory
-/// budget", "The saving norm and MLP ops" and "AdamW's moments in 8 or 4 bits"). Times on other shapes and devices differ (on `tiny` the
+/// times their median of three runs beside it, 2026-12-05; `memwall-badam` likewise over a pass
+/// of its blocks (two steps each), 2026-12-05; docs/BENCHMARKS.md, "The memory budget", "The
+/// saving norm and MLP ops", "AdamW's moments in 8 or 4 bits" and "One block at a time").
+/// Times on other shapes and devices differ (on `tiny` the
 /// reversible stacks cost less, flash attention more).
-const STEP_TIME: [(&str, f64); 23] = [
+const STEP_TIME: [(&str, f64); 24] = [
     ("baseline", 1.00),
     ("memwall", 1.12),
     ("memwall-sgd", 1.18),
     // memwall's 1.12 over their medians 0.885× and 0.904× of its speed.
     ("memwall-adam8", 1.27),
     ("memwall-adam4", 1.24),
+    // memwall's 1.12 over its median 1.43× of memwall's tokens/s.
+    ("memwall-badam", 0.78),
     ("flash-attention", 0.92),
     ("fused-loss", 0.95),
     ("flash+fused", 0.90),
@@ -91,9 +95,9 @@ impl Plan {
                 continue;
             };
             let mut config = config.clone();
-            let optimizer = stack.switches.apply(&mut config);
-            let budget = match step_budget(&config, &optimizer.plan(half_precision), shape, memory)
-            {
+            stack.switches.apply(&mut config);
+            let plan = stack.switches.optimizer_plan(half_precision);
+            let budget = match step_budget(&config, &plan, shape, memory) {
                 Ok(budget) => budget,
                 // The parts whose memory is not modelled (on this device).
                 Err(Error::InvalidConfig(_)) => {
@@ -116,7 +120,9 @@ impl Plan {
     }
 
     /// The stacks whose predicted peak is at most `available` bytes, cheapest in step time
-    /// first (the smaller peak first among equals).
+    /// first (the smaller peak first among equals), the stacks that train one block at a time
+    /// after every stack that trains each weight at every step: their steps are cheaper, but
+    /// each moves one block.
     ///
     /// # Errors
     /// [`Error::DoesNotFit`] when none fits, naming the smallest budget that would work and
@@ -137,8 +143,10 @@ impl Plan {
             )));
         }
         fitting.sort_by(|a, b| {
-            a.step_time
-                .total_cmp(&b.step_time)
+            let one_block = |c: &Candidate| c.stack.switches.block_coordinate.is_some();
+            one_block(a)
+                .cmp(&one_block(b))
+                .then(a.step_time.total_cmp(&b.step_time))
                 .then(a.peak.cmp(&b.peak))
         });
         Ok(fitting)

@@ -1,13 +1,14 @@
 //! The named stacks: each a set of the model's and the optimizer's switches, so that one flag
 //! turns the whole of burn-memwall on (or off) for `train` and `memgate`.
 
+use burn_memwall::memory::budget::OptimizerPlan;
 use burn_memwall::ops::saved_rows::SavedPrecision;
-use burn_memwall::optim::MomentBits;
+use burn_memwall::optim::{HalfPrecisionUpdate, MomentBits};
 
 use crate::Error;
 use crate::lm::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, SaverKind};
 
-use super::StepOptimizer;
+use super::{BlockSchedule, StepOptimizer};
 
 /// A named set of [`Switches`]: see [`Stack::switches`] for what each one sets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,17 +32,21 @@ pub enum Stack {
     MemwallAdam8,
     /// `memwall` with AdamW's moments in 4 bits: 1 byte per parameter.
     MemwallAdam4,
+    /// `memwall` training one block at a time (BAdam's schedule: 50 steps per block, from the
+    /// head down): optimizer state for the largest block only.
+    MemwallBadam,
 }
 
 impl Stack {
     /// Every stack, baseline first.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::Baseline,
         Self::Memwall,
         Self::MemwallSgd,
         Self::MemwallCounter,
         Self::MemwallAdam8,
         Self::MemwallAdam4,
+        Self::MemwallBadam,
     ];
 
     /// The name on the command line.
@@ -53,6 +58,7 @@ impl Stack {
             Self::MemwallCounter => "memwall-counter",
             Self::MemwallAdam8 => "memwall-adam8",
             Self::MemwallAdam4 => "memwall-adam4",
+            Self::MemwallBadam => "memwall-badam",
         }
     }
 
@@ -80,6 +86,7 @@ impl Stack {
             savers: SaverKind::Burn,
             saved_precision: SavedPrecision::Full,
             optimizer: StepOptimizer::AdamW,
+            block_coordinate: None,
         };
         const MEMWALL: Switches = Switches {
             attention: AttentionKind::Flash,
@@ -89,6 +96,7 @@ impl Stack {
             savers: SaverKind::Exact,
             saved_precision: SavedPrecision::Full,
             optimizer: StepOptimizer::InBackwardFusedAdamW,
+            block_coordinate: None,
         };
         match self {
             Self::Baseline => BASELINE,
@@ -107,6 +115,10 @@ impl Stack {
             },
             Self::MemwallAdam4 => Switches {
                 optimizer: StepOptimizer::InBackwardLowBitAdamW(MomentBits::Four),
+                ..MEMWALL
+            },
+            Self::MemwallBadam => Switches {
+                block_coordinate: Some(BlockSchedule::BADAM),
                 ..MEMWALL
             },
         }
@@ -130,9 +142,19 @@ pub struct Switches {
     /// How the saving SwiGLU keeps its inputs (with `savers` = `Exact`).
     pub saved_precision: SavedPrecision,
     pub optimizer: StepOptimizer,
+    /// Whether the model trains one block at a time, and how.
+    pub block_coordinate: Option<BlockSchedule>,
 }
 
 impl Switches {
+    /// What the budget sees of the optimizer, with weights updated as `half_precision` says.
+    pub fn optimizer_plan(self, half_precision: Option<HalfPrecisionUpdate>) -> OptimizerPlan {
+        OptimizerPlan {
+            one_block_at_a_time: self.block_coordinate.is_some(),
+            ..self.optimizer.plan(half_precision)
+        }
+    }
+
     /// Sets the model's switches in `model` and returns the optimizer.
     pub fn apply(self, model: &mut LmConfig) -> StepOptimizer {
         model.attention = self.attention;

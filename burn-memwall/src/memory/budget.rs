@@ -504,6 +504,9 @@ pub struct OptimizerPlan {
     /// update runs in f32 either way ([`crate::optim::MasterWeights`],
     /// [`crate::optim::StochasticRounding`]), so the moments are f32 whatever the weights.
     pub half_precision: Option<HalfPrecisionUpdate>,
+    /// Whether one block of the model trains at a time ([`crate::optim::BlockCoordinate`]):
+    /// the census a budget gives the optimizer's terms is then the largest block's.
+    pub one_block_at_a_time: bool,
 }
 
 impl OptimizerPlan {
@@ -673,6 +676,7 @@ mod tests {
             update_temporaries: 1,
             in_place,
             half_precision: None,
+            one_block_at_a_time: false,
         }
     }
 

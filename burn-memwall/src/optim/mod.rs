@@ -6,10 +6,13 @@
 //! - [`FusedAdamW`], [`FusedSgd`] (with momentum), [`FusedLion`]: Burn's AdamW, SGD and Lion
 //!   with each per-parameter step fused into one in-place pass; [`LowBitAdamW`] with both
 //!   moments kept in 8 or 4 bits per value.
+//! - [`BlockCoordinate`]: one block of parameters trains at a time (BAdam), so that optimizer
+//!   state exists for that block only.
 //! - [`MasterWeights`], [`StochasticRounding`]: any of them for weights stored in bf16 or f16,
 //!   with an f32 master copy or with stochastic rounding and no copy; [`LossScaled`] with a
 //!   [`LossScale`] keeps f16 gradients in range.
 
+mod block_coordinate;
 mod fused_adamw;
 mod fused_lion;
 mod fused_sgd;
@@ -18,6 +21,9 @@ mod in_backward;
 mod loss_scaling;
 mod low_bit_adamw;
 
+pub use block_coordinate::{
+    BlockCoordinate, BlockCoordinateConfig, BlockCoordinateError, BlockCoordinateRecord, BlockOrder,
+};
 pub use fused_adamw::{FusedAdamW, FusedAdamWConfig};
 pub use fused_lion::{FusedLion, FusedLionConfig};
 pub use fused_sgd::{FusedSgd, FusedSgdConfig, FusedSgdState};
@@ -25,10 +31,11 @@ pub use half_precision::{
     HalfPrecisionUpdate, MasterWeights, MasterWeightsState, StochasticRounding,
     StochasticRoundingState,
 };
-pub(crate) use in_backward::{ExternalUse, param_value};
 pub use in_backward::{
-    InBackward, InBackwardError, InBackwardTraining, StepCounts, StepMemory, train_step,
+    CheckpointFiles, InBackward, InBackwardError, InBackwardTraining, StepCounts, StepMemory,
+    train_step,
 };
+pub(crate) use in_backward::{ExternalUse, param_value};
 pub use loss_scaling::{
     LossScale, LossScaleConfig, LossScaleError, LossScaleRecord, LossScaled, MAX_LOSS_SCALE,
 };

@@ -16,7 +16,8 @@
 //! into `optim-N-parameters/<param id>.bpk`, one after the other: it adds one parameter's state.
 //! `optim-N.bpk` holds the rest (the parameters updated after backward), as burn-train writes it.
 //!
-//! A run with a [`LossScale`] keeps it in `loss-scale-N.json`.
+//! A run with a [`LossScale`] keeps it in `loss-scale-N.json`, one with a [`BlockCoordinate`]
+//! its step in `block-coordinate-N.json`.
 
 use std::path::{Path, PathBuf};
 
@@ -33,14 +34,17 @@ use burn::train::checkpoint::{
 };
 use burn::train::metric::LossMetric;
 use burn::train::metric::store::{Aggregate, Direction, EventStoreClient, Split};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use super::InBackward;
-use crate::optim::{LossScale, LossScaleRecord};
+use crate::optim::{BlockCoordinate, BlockCoordinateRecord, LossScale, LossScaleRecord};
 
 const MODEL: &str = "model";
 const OPTIMIZER: &str = "optim";
 const SCHEDULER: &str = "scheduler";
 const LOSS_SCALE: &str = "loss-scale";
+const BLOCK_COORDINATE: &str = "block-coordinate";
 
 /// A run's checkpoint folder and the strategy that says which epochs it keeps.
 pub(super) struct Checkpoints {
@@ -76,9 +80,34 @@ impl Checkpoints {
         self.folder.join(format!("{OPTIMIZER}-{epoch}-parameters"))
     }
 
-    /// The file of `epoch`'s loss scale.
-    fn loss_scale_file(&self, epoch: usize) -> PathBuf {
-        self.folder.join(format!("{LOSS_SCALE}-{epoch}.json"))
+    /// The file of `epoch`'s record of `kind` kept in JSON.
+    fn json_file(&self, kind: &str, epoch: usize) -> PathBuf {
+        self.folder.join(format!("{kind}-{epoch}.json"))
+    }
+
+    fn save_json(
+        &self,
+        kind: &str,
+        epoch: usize,
+        record: &impl Serialize,
+    ) -> Result<(), CheckpointerError> {
+        let json = serde_json::to_vec(record)
+            .map_err(|error| CheckpointerError::Unknown(error.to_string()))?;
+        std::fs::write(self.json_file(kind, epoch), json).map_err(CheckpointerError::IOError)
+    }
+
+    /// `epoch`'s record of `kind`; `why` says why the run needs it, for when it is missing.
+    fn load_json<T: DeserializeOwned>(
+        &self,
+        kind: &str,
+        epoch: usize,
+        why: &str,
+    ) -> Result<T, CheckpointerError> {
+        let path = self.json_file(kind, epoch);
+        let unknown =
+            |reason: String| CheckpointerError::Unknown(format!("{}: {reason}", path.display()));
+        let json = std::fs::read(&path).map_err(|error| unknown(format!("{error}; {why}")))?;
+        serde_json::from_slice(&json).map_err(|error| unknown(error.to_string()))
     }
 
     /// Saves `epoch` (with the optimizer state that `in_backward` keeps per parameter and the
@@ -99,10 +128,10 @@ impl Checkpoints {
                         self.save_states_per_parameter(epoch, in_backward)?;
                     }
                     if let Some(scale) = extras.loss_scale {
-                        let json = serde_json::to_vec(&scale.to_record())
-                            .map_err(|error| CheckpointerError::Unknown(error.to_string()))?;
-                        std::fs::write(self.loss_scale_file(epoch), json)
-                            .map_err(CheckpointerError::IOError)?;
+                        self.save_json(LOSS_SCALE, epoch, &scale.to_record())?;
+                    }
+                    if let Some(schedule) = extras.block_coordinate {
+                        self.save_json(BLOCK_COORDINATE, epoch, &schedule.to_record())?;
                     }
                     self.save(epoch, model, optimizer, scheduler)?;
                 }
@@ -179,27 +208,38 @@ impl Checkpoints {
         Checkpointer::<ModuleRecord>::delete(&self.file(MODEL), epoch)?;
         Checkpointer::<OptimizerRecord>::delete(&self.file(OPTIMIZER), epoch)?;
         Checkpointer::<LrSchedulerRecord>::delete(&self.file(SCHEDULER), epoch)?;
-        match std::fs::remove_file(self.loss_scale_file(epoch)) {
-            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
-                return Err(CheckpointerError::IOError(error));
+        for kind in [LOSS_SCALE, BLOCK_COORDINATE] {
+            match std::fs::remove_file(self.json_file(kind, epoch)) {
+                Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(CheckpointerError::IOError(error));
+                }
+                _ => {}
             }
-            _ => {}
         }
         remove_folder(&self.states_per_parameter(epoch))
     }
 
     /// The loss scale of `epoch`.
     pub(super) fn loss_scale(&self, epoch: usize) -> Result<LossScaleRecord, CheckpointerError> {
-        let path = self.loss_scale_file(epoch);
-        let unknown =
-            |reason: String| CheckpointerError::Unknown(format!("{}: {reason}", path.display()));
-        let json = std::fs::read(&path).map_err(|error| {
-            unknown(format!(
-                "{error}; the run scales its loss, and a checkpoint written without its scale \
-                 would resume at another"
-            ))
-        })?;
-        serde_json::from_slice(&json).map_err(|error| unknown(error.to_string()))
+        self.load_json(
+            LOSS_SCALE,
+            epoch,
+            "the run scales its loss, and a checkpoint written without its scale would resume \
+             at another",
+        )
+    }
+
+    /// The block schedule's step of `epoch`.
+    pub(super) fn block_coordinate(
+        &self,
+        epoch: usize,
+    ) -> Result<BlockCoordinateRecord, CheckpointerError> {
+        self.load_json(
+            BLOCK_COORDINATE,
+            epoch,
+            "the run trains one block at a time, and a checkpoint written without its step \
+             would resume at another block",
+        )
     }
 
     /// The model record of `epoch`.
@@ -230,22 +270,23 @@ impl Checkpoints {
     }
 
     /// Reads back every file of `epoch` but the model's, and drops what it read: the optimizer
-    /// and scheduler records and, with `per_parameter`, each parameter's optimizer state, and
-    /// with `loss_scaled` the loss scale.
+    /// and scheduler records and those of `files`.
     pub(super) fn verify(
         &self,
         epoch: usize,
-        per_parameter: bool,
-        loss_scaled: bool,
+        files: CheckpointFiles,
     ) -> Result<(), CheckpointerError> {
         self.optimizer_and_scheduler(epoch)?;
-        if per_parameter {
+        if files.states_per_parameter {
             for record in self.states_per_parameter_records(epoch)? {
                 record?;
             }
         }
-        if loss_scaled {
+        if files.loss_scale {
             self.loss_scale(epoch)?;
+        }
+        if files.block_coordinate {
+            self.block_coordinate(epoch)?;
         }
         Ok(())
     }
@@ -288,6 +329,20 @@ pub(super) struct RunExtras<'a> {
     pub(super) in_backward: Option<&'a InBackward>,
     /// The loss scale.
     pub(super) loss_scale: Option<&'a LossScale>,
+    /// The block schedule.
+    pub(super) block_coordinate: Option<&'a BlockCoordinate>,
+}
+
+/// Which of its own files an [`InBackwardTraining`](super::InBackwardTraining) checkpoint holds
+/// beside burn-train's model, optimizer and scheduler records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CheckpointFiles {
+    /// Each in-backward parameter's optimizer state: a run given `with_in_backward`.
+    pub states_per_parameter: bool,
+    /// The loss scale: a run given `with_loss_scale`.
+    pub loss_scale: bool,
+    /// The block schedule's step: a run given `with_block_coordinate`.
+    pub block_coordinate: bool,
 }
 
 /// Removes `folder` and what it holds, if it is there.

@@ -14,10 +14,10 @@ use burn::train::{
     TrainStep, TrainingComponents, TrainingItem, ValidLoader,
 };
 
-use super::checkpoints::{Checkpoints, RunExtras};
+use super::checkpoints::{CheckpointFiles, Checkpoints, RunExtras};
 use super::{InBackward, InBackwardError};
 use crate::memory::MemoryMeter;
-use crate::optim::LossScale;
+use crate::optim::{BlockCoordinate, LossScale};
 
 /// What the training steps of a run held, in the units of the [`MemoryMeter`] given to
 /// [`InBackwardTraining::with_step_memory`]. Absolute readings: subtract what was live before
@@ -84,6 +84,8 @@ pub struct InBackwardTraining {
     /// The handle the model routes through, whose optimizer state the run keeps per parameter.
     in_backward: Option<InBackward>,
     loss_scale: Option<LossScale>,
+    /// The block schedule, until the run takes it.
+    block_coordinate: Mutex<Option<BlockCoordinate>>,
     meter: Option<MemoryMeter>,
     memory: Mutex<Option<StepMemory>>,
 }
@@ -107,6 +109,7 @@ impl InBackwardTraining {
             checkpoints: Mutex::default(),
             in_backward: None,
             loss_scale: None,
+            block_coordinate: Mutex::default(),
             meter: None,
             memory: Mutex::default(),
         }
@@ -138,6 +141,14 @@ impl InBackwardTraining {
         self
     }
 
+    /// Trains one block of parameters at a time, as `schedule` says (BAdam): before each step
+    /// the run freezes the other blocks and, at a switch, drops the optimizer state. Checkpoints
+    /// keep the schedule's step (`block-coordinate-N.json`), and a resume continues it.
+    pub fn with_block_coordinate(self, schedule: BlockCoordinate) -> Self {
+        *self.block_coordinate.lock().expect("block coordinate lock") = Some(schedule);
+        self
+    }
+
     /// Reads `meter` around every training step; [`Self::step_memory`] reports it.
     pub fn with_step_memory(mut self, meter: MemoryMeter) -> Self {
         self.meter = Some(meter);
@@ -146,20 +157,17 @@ impl InBackwardTraining {
 
     /// Reads back every file of `epoch`'s checkpoint in `folder` (as given to
     /// [`Self::with_checkpoints`]) but the model's, whose record only the model can check: the
-    /// optimizer and scheduler records, with `per_parameter` (a run given
-    /// [`Self::with_in_backward`]) each parameter's optimizer state, and with `loss_scaled` (a
-    /// run given [`Self::with_loss_scale`]) the loss scale. A resume can then pick the newest
-    /// epoch that loads whole rather than fail inside the run.
+    /// optimizer and scheduler records and the run's own `files`. A resume can then pick the
+    /// newest epoch that loads whole rather than fail inside the run.
     ///
     /// # Errors
     /// The first file that is missing or does not decode.
     pub fn verify_checkpoint(
         folder: impl Into<PathBuf>,
         epoch: usize,
-        per_parameter: bool,
-        loss_scaled: bool,
+        files: CheckpointFiles,
     ) -> Result<(), CheckpointerError> {
-        Checkpoints::new(folder.into()).verify(epoch, per_parameter, loss_scaled)
+        Checkpoints::new(folder.into()).verify(epoch, files)
     }
 
     /// What the steps of the finished run held, if a meter was given.
@@ -228,6 +236,11 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
         let mut model = learner.model().fork(&self.device);
         drop(learner);
         let (mut optimizer, mut scheduler) = self.take_owned();
+        let mut block_coordinate = self
+            .block_coordinate
+            .lock()
+            .expect("block coordinate lock")
+            .take();
         if let Some(in_backward) = &self.in_backward {
             in_backward.keep_state_per_parameter();
         }
@@ -270,6 +283,15 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
                     }
                 }
             }
+            if let Some(schedule) = block_coordinate.take() {
+                match checkpoints.block_coordinate(epoch) {
+                    Ok(record) => block_coordinate = Some(schedule.load_record(record)),
+                    Err(error) => {
+                        interrupter.fail(error);
+                        return (model, event_processor);
+                    }
+                }
+            }
         }
         if let (Some(epoch), Some(checkpoints)) = (checkpoint, &mut checkpoints)
             && let Err(error) = checkpoints.replay(epoch, &event_store)
@@ -286,6 +308,9 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
                 total_items: train.num_items(),
             }));
             for (item, progress, iteration) in items(&*train, &interrupter) {
+                if let Some(schedule) = &mut block_coordinate {
+                    model = schedule.begin_step(model, &mut optimizer, self.in_backward.as_ref());
+                }
                 let (stepped, output, lr) = self.measured(
                     || {
                         let output = TrainStep::step(&model, item);
@@ -350,6 +375,7 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
                             RunExtras {
                                 in_backward: self.in_backward.as_ref(),
                                 loss_scale: self.loss_scale.as_ref(),
+                                block_coordinate: block_coordinate.as_ref(),
                             },
                         )
                     },

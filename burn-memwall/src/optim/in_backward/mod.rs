@@ -19,6 +19,7 @@ use burn::tensor::kind::BridgeTensor;
 use hook::{HookContext, ParamHookBackend};
 use param_at_path::ParamAtPath;
 
+pub use checkpoints::CheckpointFiles;
 pub use learner::{InBackwardTraining, StepMemory};
 
 /// Why an in-backward step could not run.
@@ -382,6 +383,14 @@ impl InBackward {
     /// [`InBackwardTraining`]'s checkpoints write it.
     pub(crate) fn keep_state_per_parameter(&self) {
         self.lock().per_parameter.get_or_insert_with(HashMap::new);
+    }
+
+    /// Drops the optimizer state kept per parameter (it starts afresh at each parameter's next
+    /// update), while no step runs: [`super::BlockCoordinate`]'s switch of blocks.
+    pub(crate) fn drop_states_per_parameter(&self) {
+        if let Some(states) = &mut self.lock().per_parameter {
+            states.clear();
+        }
     }
 
     /// Runs `visit` on each parameter's optimizer state kept per parameter, in the order of

@@ -1,0 +1,306 @@
+//! [`BlockCoordinate`]; the type's docs are the description.
+
+use std::collections::HashSet;
+
+use burn::config::Config;
+use burn::module::{Module, ModuleMapper, Param, ParamGroup, ParamId};
+use burn::optim::{ModuleOptimizer, OptimizerRecord};
+use burn::prelude::*;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use serde::{Deserialize, Serialize};
+
+use super::InBackward;
+
+/// The order in which [`BlockCoordinate`] visits the blocks, pass after pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BlockOrder {
+    /// The blocks as listed, first to last.
+    Ascending,
+    /// Last to first: BAdam's default (for a transformer listed from the input up, the layers
+    /// nearest the output first).
+    Descending,
+    /// A new random permutation of the blocks for each pass, drawn from the seed and the pass's
+    /// number (so a resumed run draws the same ones).
+    Random {
+        /// Seeds every pass's permutation.
+        seed: u64,
+    },
+}
+
+/// [`BlockCoordinate`]'s settings: the blocks, how long each trains, in which order.
+#[derive(Config, Debug)]
+pub struct BlockCoordinateConfig {
+    /// The blocks of parameters trained one at a time, by their paths in the model as Burn's
+    /// `ParamGroup`s (e.g. `ParamGroup::from_regex(r"^layers\.3\.")`). A parameter in no block
+    /// and not in [`Self::always`] stays frozen; one in several trains with each.
+    pub blocks: Vec<ParamGroup>,
+    /// Steps each block trains before the next one takes over (BAdam's `switch_block_every`).
+    #[config(default = 50)]
+    pub switch_every: usize,
+    /// The order of the blocks in each pass.
+    #[config(default = "BlockOrder::Descending")]
+    pub order: BlockOrder,
+    /// Parameters that train at every step beside the active block (BAdam's `active_modules`);
+    /// their optimizer state starts afresh at each switch too.
+    pub always: Option<ParamGroup>,
+}
+
+/// Why a [`BlockCoordinateConfig`] cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BlockCoordinateError {
+    /// [`BlockCoordinateConfig::blocks`] is empty.
+    #[error("block-coordinate training needs at least one block")]
+    NoBlocks,
+    /// [`BlockCoordinateConfig::switch_every`] is 0.
+    #[error("each block must train for at least one step before the next (switch_every = 0)")]
+    ZeroSwitchEvery,
+}
+
+impl BlockCoordinateConfig {
+    /// The schedule at its first step.
+    ///
+    /// # Errors
+    /// No blocks, or `switch_every` = 0.
+    pub fn init(&self) -> Result<BlockCoordinate, BlockCoordinateError> {
+        if self.blocks.is_empty() {
+            return Err(BlockCoordinateError::NoBlocks);
+        }
+        if self.switch_every == 0 {
+            return Err(BlockCoordinateError::ZeroSwitchEvery);
+        }
+        Ok(BlockCoordinate {
+            config: self.clone(),
+            steps: 0,
+            trainable: None,
+        })
+    }
+}
+
+/// What a [`BlockCoordinate`] keeps between steps: what a checkpoint saves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockCoordinateRecord {
+    /// Steps begun since training started.
+    pub steps: u64,
+}
+
+/// Block-coordinate training (BAdam, Luo et al. 2024): the model's parameters are split into
+/// blocks, and one block trains at a time, for [`BlockCoordinateConfig::switch_every`] steps,
+/// while every other parameter is frozen.
+///
+/// It decorates any `ModuleOptimizer`, stepped after backward or by an [`InBackward`]:
+/// before each step's forward pass, [`Self::begin_step`] freezes every parameter outside the
+/// active block (`require_grad` off, as a frozen parameter: autodiff computes no gradient for
+/// it, and below the lowest trained layer no backward runs at all) and, at a switch, drops the
+/// optimizer state, so that only the active block's state ever exists (BAdam builds a new base
+/// optimizer state at each switch). The learning rate is the run's schedule, uninterrupted by
+/// the switches, as in BAdam; the optimizer's own step count (AdamW's bias correction) starts
+/// again with the fresh state.
+///
+/// # Memory
+/// The optimizer state of the largest block instead of the whole model's, and the gradients of
+/// one block. Weights stay where they are.
+///
+/// # Resuming
+/// The schedule is a function of the step count alone, which [`Self::to_record`] keeps: a run
+/// resumed with its checkpointed optimizer state (the active block's) continues exactly.
+/// [`InBackwardTraining::with_block_coordinate`](super::InBackwardTraining::with_block_coordinate)
+/// does this through burn-train's `Learner`.
+#[derive(Clone, Debug)]
+pub struct BlockCoordinate {
+    config: BlockCoordinateConfig,
+    steps: u64,
+    /// The parameters that trained before the first step (the rest were frozen by the user,
+    /// e.g. a LoRA base): a block never unfreezes those.
+    trainable: Option<HashSet<ParamId>>,
+}
+
+impl BlockCoordinate {
+    /// The index in [`BlockCoordinateConfig::blocks`] of the block that trains at `step`
+    /// (counted from 0).
+    pub fn block_at(&self, step: u64) -> usize {
+        let count = self.config.blocks.len() as u64;
+        let turn = step / self.config.switch_every as u64;
+        let (pass, slot) = (turn / count, (turn % count) as usize);
+        match self.config.order {
+            BlockOrder::Ascending => slot,
+            BlockOrder::Descending => count as usize - 1 - slot,
+            BlockOrder::Random { seed } => {
+                let mut order: Vec<usize> = (0..count as usize).collect();
+                order.shuffle(&mut StdRng::seed_from_u64(
+                    seed ^ pass.wrapping_mul(PASS_MIX),
+                ));
+                order[slot]
+            }
+        }
+    }
+
+    /// The block that trains at the next step.
+    pub fn active_block(&self) -> usize {
+        self.block_at(self.steps)
+    }
+
+    /// Starts the next step: freezes every parameter of `model` outside the active block (and
+    /// [`BlockCoordinateConfig::always`]) and, at the first step of a block, drops the
+    /// optimizer state of the one before, from `optimizer` and from `in_backward` when it keeps
+    /// state per parameter ([`super::InBackwardTraining`]'s runs do). Call it before the
+    /// forward pass, which is when autodiff reads `require_grad`.
+    pub fn begin_step<M: Module>(
+        &mut self,
+        model: M,
+        optimizer: &mut ModuleOptimizer,
+        in_backward: Option<&InBackward>,
+    ) -> M {
+        let switch_every = self.config.switch_every as u64;
+        if self.steps > 0 && self.steps.is_multiple_of(switch_every) {
+            *optimizer = optimizer.clone().load_record(OptimizerRecord::default());
+            if let Some(in_backward) = in_backward {
+                in_backward.drop_states_per_parameter();
+            }
+        }
+        let active = self.block_at(self.steps);
+        let trainable = self
+            .trainable
+            .get_or_insert_with(|| trainable_params(&model));
+        let mut freeze = Freeze {
+            active: &self.config.blocks[active],
+            always: self.config.always.as_ref(),
+            trainable,
+            path: Vec::new(),
+        };
+        let model = model.map(&mut freeze);
+        self.steps += 1;
+        model
+    }
+
+    /// The step count, for a checkpoint.
+    pub fn to_record(&self) -> BlockCoordinateRecord {
+        BlockCoordinateRecord { steps: self.steps }
+    }
+
+    /// Continues from `record`'s step.
+    pub fn load_record(mut self, record: BlockCoordinateRecord) -> Self {
+        self.steps = record.steps;
+        self
+    }
+}
+
+/// Spreads the pass numbers over the seeds of [`BlockOrder::Random`]'s permutations (the
+/// golden ratio's 64-bit fraction, as SplitMix64 steps its state).
+const PASS_MIX: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// The float parameters of `model` that require a gradient.
+fn trainable_params<M: Module>(model: &M) -> HashSet<ParamId> {
+    struct Trainable(HashSet<ParamId>);
+    impl burn::module::ModuleVisitor for Trainable {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if param.val().is_require_grad() {
+                self.0.insert(param.id);
+            }
+        }
+    }
+    let mut trainable = Trainable(HashSet::new());
+    model.visit(&mut trainable);
+    trainable.0
+}
+
+/// Sets `require_grad` on each trainable parameter: on in the active block and `always`, off
+/// elsewhere. Paths are joined with `.`, as `ModuleOptimizer` matches its groups.
+struct Freeze<'a> {
+    active: &'a ParamGroup,
+    always: Option<&'a ParamGroup>,
+    trainable: &'a HashSet<ParamId>,
+    path: Vec<String>,
+}
+
+impl ModuleMapper for Freeze<'_> {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.into());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        if !self.trainable.contains(&param.id) {
+            return param;
+        }
+        let path = self.path.join(".");
+        let trains = [Some(self.active), self.always]
+            .into_iter()
+            .flatten()
+            .any(|group| group.matches(&param.id, Some(&path)));
+        if param.val().is_require_grad() == trains {
+            return param;
+        }
+        param.set_require_grad(trains)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schedule(order: BlockOrder, blocks: usize, switch_every: usize) -> BlockCoordinate {
+        BlockCoordinateConfig::new((0..blocks).map(|_| ParamGroup::all()).collect())
+            .with_switch_every(switch_every)
+            .with_order(order)
+            .init()
+            .unwrap()
+    }
+
+    fn blocks_over(schedule: &BlockCoordinate, steps: u64) -> Vec<usize> {
+        (0..steps).map(|step| schedule.block_at(step)).collect()
+    }
+
+    #[test]
+    fn orders_visit_each_block_for_switch_every_steps() {
+        let ascending = schedule(BlockOrder::Ascending, 3, 2);
+        assert_eq!(
+            blocks_over(&ascending, 8),
+            [0, 0, 1, 1, 2, 2, 0, 0],
+            "ascending"
+        );
+        let descending = schedule(BlockOrder::Descending, 3, 2);
+        assert_eq!(
+            blocks_over(&descending, 8),
+            [2, 2, 1, 1, 0, 0, 2, 2],
+            "descending"
+        );
+    }
+
+    #[test]
+    fn a_random_order_is_a_new_permutation_each_pass_and_a_function_of_the_step() {
+        let random = schedule(BlockOrder::Random { seed: 7 }, 6, 1);
+        let passes: Vec<Vec<usize>> = (0..8)
+            .map(|pass| blocks_over(&random, 6 * (pass + 1))[6 * pass as usize..].to_vec())
+            .collect();
+        for pass in &passes {
+            let mut sorted = pass.clone();
+            sorted.sort_unstable();
+            assert_eq!(
+                sorted,
+                (0..6).collect::<Vec<_>>(),
+                "each pass visits every block once"
+            );
+        }
+        let distinct: HashSet<&Vec<usize>> = passes.iter().collect();
+        assert!(distinct.len() > 4, "passes draw new orders: {passes:?}");
+        let again = schedule(BlockOrder::Random { seed: 7 }, 6, 1);
+        assert_eq!(blocks_over(&again, 48), blocks_over(&random, 48));
+        let other_seed = schedule(BlockOrder::Random { seed: 8 }, 6, 1);
+        assert_ne!(blocks_over(&other_seed, 48), blocks_over(&random, 48));
+    }
+
+    #[test]
+    fn a_config_without_blocks_or_steps_is_refused() {
+        let none = BlockCoordinateConfig::new(Vec::new()).init();
+        assert_eq!(none.unwrap_err(), BlockCoordinateError::NoBlocks);
+        let zero = BlockCoordinateConfig::new(vec![ParamGroup::all()])
+            .with_switch_every(0)
+            .init();
+        assert_eq!(zero.unwrap_err(), BlockCoordinateError::ZeroSwitchEvery);
+    }
+}
