@@ -14,7 +14,7 @@ use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LinearKind, LmConfig, LoraConfig, LossKind, MlpKind, PRESETS,
     SaverKind, StepShape, parameter_census, saved_activations,
 };
-use burn_memwall_models::training::{Candidate, Plan, Precision, StepOptimizer};
+use burn_memwall_models::training::{Candidate, Plan, Precision, StepOptimizer, Switches};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -69,6 +69,20 @@ fn windows(seq: usize) -> Vec<Vec<u32>> {
     tokens.chunks_exact(seq + 1).map(<[u32]>::to_vec).collect()
 }
 
+/// The steps a measurement of `switches` on `config` trains: `steady` for most stacks. With one
+/// block at a time, two steps per block over a whole pass and one more (the schedule is set to
+/// two steps per block), so that each block's second step, the first whose forward pass finds
+/// its optimizer state, is measured.
+fn steps_to_measure(switches: &mut Switches, config: &LmConfig, steady: usize) -> usize {
+    match &mut switches.block_coordinate {
+        Some(schedule) => {
+            schedule.switch_every = 2;
+            steady.max(2 * config.coordinate_blocks().len() + 1)
+        }
+        None => steady,
+    }
+}
+
 /// How far a predicted step peak may be in half precision or with LoRA (issue 18's bound is
 /// 10%). In bf16, Flex multiplies in f32 and the budget adds the f32 copies of each phase's
 /// largest matmul only; with LoRA, the adapters' small backward temporaries are not listed.
@@ -98,16 +112,7 @@ fn compare_step_peaks(
                 let mut config = base.clone();
                 let mut switches = candidate.stack.switches;
                 let optimizer = switches.apply(&mut config);
-                // One block at a time: two steps per block, and one more, so that each block's
-                // second step (the first whose forward pass finds its optimizer state) is
-                // measured.
-                let steps = match &mut switches.block_coordinate {
-                    Some(schedule) => {
-                        schedule.switch_every = 2;
-                        2 * config.coordinate_blocks().len() + 1
-                    }
-                    None => 2,
-                };
+                let steps = steps_to_measure(&mut switches, &config, 2);
                 // f16: a loss scale that does not overflow the first steps. The optimizer's
                 // state is made at a parameter's first update, which an overflow skips, and
                 // the budget predicts the steady state.
@@ -461,13 +466,14 @@ mod cube_pools {
 
     /// The models, stacks and sequence lengths the pools test measures on wgpu, one process each (a
     /// pool's high-water mark cannot be reset): one of each peak phase's kind that wins on `tiny`,
-    /// Burn's optimizers, whose rewritten parameters leave their slots reserved (in backward at
+    /// one block at a time (a whole pass, the pools' mark the worst block's), Burn's optimizers, whose rewritten parameters leave their slots reserved (in backward at
     /// once, after backward over the first steps), and a `small` row, whose `[vocab, d]` tensors
     /// grow the arena's pages.
-    const POOL_CASES: [(&str, &str, usize); 7] = [
+    const POOL_CASES: [(&str, &str, usize); 8] = [
         ("tiny", "baseline", 64),
         ("tiny", "in-backward-sgd", 64),
         ("tiny", "memwall", 64),
+        ("tiny", "memwall-badam", 64),
         ("tiny", "baseline", 256),
         ("tiny", "flash+fused", 256),
         ("tiny", "reversible", 256),
@@ -519,10 +525,11 @@ mod cube_pools {
             };
             let measured: u64 = measured.parse().unwrap();
             let mut config = LmConfig::preset(model).unwrap();
-            let optimizer = find_stack(stack).unwrap().switches.apply(&mut config);
+            let switches = find_stack(stack).unwrap().switches;
+            switches.apply(&mut config);
             let budget = step_budget(
                 &config,
-                &optimizer.plan(None),
+                &switches.optimizer_plan(None),
                 StepShape::f32(2, seq),
                 DeviceMemory::Pools,
             )
@@ -562,13 +569,16 @@ mod cube_pools {
             case.split('@').collect::<Vec<_>>().try_into().unwrap();
         let seq: usize = seq.parse().unwrap();
         let mut config = LmConfig::preset(model).unwrap();
-        let optimizer = find_stack(stack).unwrap().switches.apply(&mut config);
+        let mut switches = find_stack(stack).unwrap().switches;
+        let optimizer = switches.apply(&mut config);
         let device = match burn_memwall::DeviceChoice::Wgpu.device() {
             Ok(device) => device,
             Err(error) => return println!("{NO_ADAPTER_PREFIX}{error}"),
         };
-        let measured =
-            common::measure_steps(&config, optimizer, &windows(seq), 2, STEADY_STEPS, &device);
+        let steps = steps_to_measure(&mut switches, &config, STEADY_STEPS);
+        let training =
+            common::step_training(optimizer, 2).with_block_coordinate(switches.block_coordinate);
+        let measured = common::measure_run(&config, training, &windows(seq), steps, &device);
         println!("{REPORT_PREFIX}{}", measured.pools.peak);
     }
 }

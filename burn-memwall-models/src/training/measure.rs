@@ -151,17 +151,23 @@ fn warm_up_runtime(run: &RunConfig, windows: &[Vec<u32>], device: &Device) -> Re
     let training = &run.training;
     let batch = LmBatcher::batch_windows(&windows[..training.batch_size], device);
     let loss_scale = training.new_loss_scale();
-    let model = run
+    let mut model = run
         .initial_model(device, false)?
         .with_in_backward(training.optimizer.in_backward())
         .with_loss_scale(loss_scale.clone());
-    let loss = model.loss(batch.inputs, batch.targets);
     let mut optimizer = training.optimizer.init(
         training.weight_decay,
         training.precision,
         training.seed,
         loss_scale.as_ref(),
     );
+    // Trained one block at a time here too: a Cube pool would keep every block's state reserved.
+    if let Some(schedule) = training.block_coordinate {
+        model = schedule
+            .init(&run.model)?
+            .begin_step(model, &mut optimizer, None);
+    }
+    let loss = model.loss(batch.inputs, batch.targets);
     update(model, &mut optimizer, loss, 1e-3);
     // A worker that ran no product in the throwaway step would allocate its matmul scratch in
     // a measured one (in about one `tiny` run in four).
