@@ -38,6 +38,9 @@ pub enum Moment {
     Second,
 }
 
+/// The largest [`block_size`]: one block's values fit an array of this many.
+pub const MAX_BLOCK_SIZE: usize = 256;
+
 /// Values per block, each block with one scale: 256 at 8 bits, 128 at 4 (torchao's defaults; a
 /// smaller block follows outliers closer where fewer codes have to cover the block's range).
 ///
@@ -45,7 +48,7 @@ pub enum Moment {
 /// If `bits` is not one of [`MOMENT_BITS`].
 pub fn block_size(bits: u32) -> usize {
     match bits {
-        8 => 256,
+        8 => MAX_BLOCK_SIZE,
         4 => 128,
         _ => panic!("moments are kept in 8 or 4 bits, not {bits}"),
     }

@@ -29,14 +29,24 @@ impl MomentBits {
         }
     }
 
+    /// The `u32` words of one moment's codes for a parameter of `values` values.
+    fn words(self, values: usize) -> usize {
+        words_for(values, self.bits())
+    }
+
+    /// The blocks (one f32 scale each) of one moment of a parameter of `values` values.
+    fn blocks(self, values: usize) -> usize {
+        values.div_ceil(block_size(self.bits()))
+    }
+
     /// The bytes of one moment's codes (`u32` words) for a parameter of `values` values.
     pub fn code_bytes(self, values: usize) -> usize {
-        4 * words_for(values, self.bits())
+        4 * self.words(values)
     }
 
     /// The bytes of one moment's block scales (f32) for a parameter of `values` values.
     pub fn scale_bytes(self, values: usize) -> usize {
-        4 * values.div_ceil(block_size(self.bits()))
+        4 * self.blocks(values)
     }
 
     /// The bytes both moments of a parameter of `values` values take (codes and block scales).
@@ -98,10 +108,10 @@ impl LowBitAdamWConfig {
 
 impl CodedMoment {
     /// Zero, for a parameter of `values` values: every code 0 under scale 0.
-    fn zeros(values: usize, bits: u32, device: &Device) -> Self {
+    fn zeros(values: usize, bits: MomentBits, device: &Device) -> Self {
         Self {
-            words: Tensor::zeros([words_for(values, bits)], (device, DType::U32)),
-            scales: Tensor::zeros([values.div_ceil(block_size(bits))], device),
+            words: Tensor::zeros([bits.words(values)], (device, DType::U32)),
+            scales: Tensor::zeros([bits.blocks(values)], device),
         }
     }
 }
@@ -128,7 +138,7 @@ impl Optimizer for LowBitAdamW {
             }
             None => {
                 let (values, device) = (tensor.shape().num_elements(), tensor.device());
-                let zeros = || CodedMoment::zeros(values, bits, &device);
+                let zeros = || CodedMoment::zeros(values, self.bits, &device);
                 (1, zeros(), zeros())
             }
         };
@@ -279,11 +289,11 @@ mod tests {
                     .with_adamw(FusedAdamWConfig::new().with_weight_decay(0.1))
                     .build();
                 let random_moment = |salt: u32| {
-                    let count = words_for(n, bits);
+                    let count = moment_bits.words(n);
                     let words: Vec<u32> = (0..count as u32)
                         .map(|i| (i ^ salt).wrapping_mul(2_654_435_761))
                         .collect();
-                    let scales: Vec<f32> = (0..n.div_ceil(block_size(bits)))
+                    let scales: Vec<f32> = (0..moment_bits.blocks(n))
                         .map(|b| 0.05 + 0.3 * b as f32)
                         .collect();
                     CodedMoment {

@@ -21,16 +21,6 @@ impl AdamWUpdateBackend for Flex {
         let mut moment_1 = contiguous_f32(moment_1);
         let mut moment_2 = contiguous_f32(moment_2);
         let grad = contiguous_f32(grad);
-        let AdamWStep {
-            beta_1,
-            beta_2,
-            bias_correction_1,
-            bias_correction_2,
-            epsilon,
-            decay,
-            learning_rate,
-        } = step;
-        let (factor_1, factor_2) = (1.0 - beta_1, 1.0 - beta_2);
         param
             .storage_mut::<f32>()
             .par_chunks_mut(UPDATE_CHUNK)
@@ -39,11 +29,8 @@ impl AdamWUpdateBackend for Flex {
             .zip(grad.storage::<f32>().par_chunks(UPDATE_CHUNK))
             .for_each(|(((w, m), v), g)| {
                 for (((w, m), v), &g) in w.iter_mut().zip(m).zip(v).zip(g) {
-                    *m = *m * beta_1 + g * factor_1;
-                    *v = *v * beta_2 + g * g * factor_2;
-                    let delta =
-                        (*m / bias_correction_1) / ((*v / bias_correction_2).sqrt() + epsilon);
-                    *w = *w * decay - delta * learning_rate;
+                    (*m, *v) = step.moments(*m, *v, g);
+                    *w = step.weight(*w, *m, *v);
                 }
             });
         (

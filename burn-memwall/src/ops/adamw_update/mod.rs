@@ -27,6 +27,22 @@ pub struct AdamWStep {
 }
 
 impl AdamWStep {
+    /// The moments `(m, v)` after a gradient `g`, from `(m, v)` before: the host's arithmetic
+    /// of the kernels' (`burn-memwall-kernels/src/{adamw,low_bit_adamw}.rs`).
+    pub(crate) fn moments(&self, m: f32, v: f32, g: f32) -> (f32, f32) {
+        (
+            m * self.beta_1 + g * (1.0 - self.beta_1),
+            v * self.beta_2 + g * g * (1.0 - self.beta_2),
+        )
+    }
+
+    /// The parameter value `w` after the step, from the moments after it.
+    pub(crate) fn weight(&self, w: f32, m: f32, v: f32) -> f32 {
+        let delta =
+            (m / self.bias_correction_1) / ((v / self.bias_correction_2).sqrt() + self.epsilon);
+        w * self.decay - delta * self.learning_rate
+    }
+
     /// The scalars of step `time` (counted from 1).
     pub fn new(
         learning_rate: f64,

@@ -4,7 +4,7 @@
 
 use burn::backend::Flex;
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn_memwall_codes::moments::{Coder, Moment, block_scale, block_size, coder};
+use burn_memwall_codes::moments::{Coder, MAX_BLOCK_SIZE, Moment, block_scale, block_size, coder};
 use burn_memwall_codes::packing::{field_at, lanes};
 use rayon::prelude::*;
 
@@ -86,7 +86,8 @@ impl Block<'_> {
         let lanes = lanes(bits) as usize;
         let [table_1, table_2] = coders.map(Coder::table);
         // The moments in f32, as the kernel holds them in its units' registers.
-        let mut moments = [[0f32; 256]; 2];
+        debug_assert!(w.len() <= MAX_BLOCK_SIZE, "a block of {} values", w.len());
+        let mut moments = [[0f32; MAX_BLOCK_SIZE]; 2];
         let mut largest = [0f32; 2];
         // A word at a time: no division per value.
         for (k, g) in g.chunks(lanes).enumerate() {
@@ -95,16 +96,13 @@ impl Block<'_> {
                 let i = k * lanes + lane;
                 let old_1 = table_1[field_at(word_1, lane as u32, bits) as usize] * *scales[0];
                 let old_2 = table_2[field_at(word_2, lane as u32, bits) as usize] * *scales[1];
-                let m = old_1 * step.beta_1 + g * (1.0 - step.beta_1);
-                let v = old_2 * step.beta_2 + g * g * (1.0 - step.beta_2);
+                let (m, v) = step.moments(old_1, old_2, g);
                 (moments[0][i], moments[1][i]) = (m, v);
                 largest = [largest[0].max(m.abs()), largest[1].max(v)];
             }
         }
         for (w, (&m, &v)) in w.iter_mut().zip(moments[0].iter().zip(&moments[1])) {
-            let delta =
-                (m / step.bias_correction_1) / ((v / step.bias_correction_2).sqrt() + step.epsilon);
-            *w = *w * step.decay - delta * step.learning_rate;
+            *w = step.weight(*w, m, v);
         }
         for moment in 0..2 {
             let scale = block_scale(largest[moment]);
