@@ -8,15 +8,25 @@
 //!   moments kept in 8 or 4 bits per value.
 //! - [`BlockCoordinate`]: one block of parameters trains at a time (BAdam), so that optimizer
 //!   state exists for that block only.
+//! - [`HostOffloaded`]: any of them with its state in host memory between updates, on devices
+//!   with memory of their own.
 //! - [`MasterWeights`], [`StochasticRounding`]: any of them for weights stored in bf16 or f16,
 //!   with an f32 master copy or with stochastic rounding and no copy; [`LossScaled`] with a
 //!   [`LossScale`] keeps f16 gradients in range.
+//!
+//! # Records on Cube devices
+//! The fused optimizers write into a tensor's memory when no other tensor handle shares it.
+//! A record taken on a Cube device (`Module::into_record`, `ModuleOptimizer::to_record`) reads
+//! its tensors lazily, at its first access, and holds no handle: write a record out (or read its
+//! data) before the next step, or keep the model it was taken from, else it reads that step's
+//! result.
 
 mod block_coordinate;
 mod fused_adamw;
 mod fused_lion;
 mod fused_sgd;
 mod half_precision;
+mod host_offload;
 mod in_backward;
 mod loss_scaling;
 mod low_bit_adamw;
@@ -31,6 +41,7 @@ pub use half_precision::{
     HalfPrecisionUpdate, MasterWeights, MasterWeightsState, StochasticRounding,
     StochasticRoundingState,
 };
+pub use host_offload::{HostOffloadError, HostOffloaded, HostOffloadedState};
 pub use in_backward::{
     CheckpointFiles, InBackward, InBackwardError, InBackwardTraining, StepCounts, StepMemory,
     train_step,
