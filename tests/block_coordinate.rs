@@ -1,7 +1,7 @@
 //! `BlockCoordinate` (BAdam) from the outside: inactive blocks get no gradient and keep their
 //! weights bit for bit; the active block trains as AdamW on it alone, with fresh state at each
-//! switch, after backward and in it; only the active block's state exists; a schedule resumed
-//! from its records continues exactly.
+//! switch or its kept state, after backward and in it; with the state dropped only the active
+//! block's exists; a schedule resumed from its records continues exactly.
 
 mod common;
 
@@ -12,7 +12,8 @@ use burn::prelude::*;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter};
 use burn_memwall::nn::Routed;
 use burn_memwall::optim::{
-    BlockCoordinate, BlockCoordinateConfig, BlockOrder, FusedAdamWConfig, InBackward, train_step,
+    BlockCoordinate, BlockCoordinateConfig, BlockOrder, FusedAdamWConfig, InBackward,
+    InactiveState, train_step,
 };
 use common::{devices, parameters};
 
@@ -49,14 +50,24 @@ fn layer(model: &Layers, i: usize) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// Each layer a block.
+/// Each layer a block, its state dropped at each switch.
 fn schedule(order: BlockOrder, switch_every: usize) -> BlockCoordinate {
+    schedule_with(order, switch_every, InactiveState::Dropped)
+}
+
+/// Each layer a block.
+fn schedule_with(
+    order: BlockOrder,
+    switch_every: usize,
+    inactive_state: InactiveState,
+) -> BlockCoordinate {
     let blocks = (0..WIDTHS.len() - 1)
         .map(|i| ParamGroup::from_regex(format!(r"^layers\.{i}\.")).unwrap())
         .collect();
     BlockCoordinateConfig::new(blocks)
         .with_switch_every(switch_every)
         .with_order(order)
+        .with_inactive_state(inactive_state)
         .init()
         .unwrap()
 }
@@ -140,49 +151,57 @@ fn inactive_blocks_get_no_gradient_and_keep_their_weights() {
     }
 }
 
-/// Two steps per block over the three layers and back to the first: each block's trajectory is
-/// AdamW's on that layer alone from a fresh state (so the first layer's second turn does not
-/// continue its first turn's moments), after backward and in backward alike.
+/// Two steps per block over the three layers and back to the first. With the state dropped
+/// (BAdam's), each block's trajectory is AdamW's on that layer alone from a fresh state (so the
+/// first layer's second turn does not continue its first turn's moments); with it kept, the run
+/// is one AdamW throughout with the other layers frozen at each turn. Bit for bit, after backward
+/// and in backward alike.
 #[test]
-fn the_active_block_trains_as_adamw_on_it_alone_from_fresh_state() {
+fn the_active_block_trains_as_adamw_on_it_alone() {
     let _turn = common::take_turn(); // the allocator's readings are process-wide
     for device in devices() {
-        eprintln!("{device:?}");
         let device = device.autodiff();
         let initial = model(&device);
-        let steps = 0..8;
-        // By hand: freeze all layers but the turn's, a new optimizer for each turn.
-        let mut want = initial.clone();
-        for turn in 0..4 {
-            let active = turn % 3;
-            let mut layers = want.layers;
-            for (i, layer) in layers.iter_mut().enumerate() {
-                layer.weight = layer.weight.clone().set_require_grad(i == active);
-                layer.bias = layer.bias.clone().map(|b| b.set_require_grad(i == active));
-            }
-            want = Layers { layers };
+        for inactive_state in [InactiveState::Dropped, InactiveState::Kept] {
+            eprintln!("{device:?} {inactive_state:?}");
+            // By hand: freeze all layers but the turn's; a new optimizer for each turn when the
+            // state is dropped.
+            let mut want = initial.clone();
             let mut optimizer = adamw();
-            for step in 2 * turn..2 * turn + 2 {
-                let loss = loss(&want, step, None);
-                want = train_step(None, &mut optimizer, learning_rate(step), want, loss).unwrap();
+            for turn in 0..4 {
+                let active = turn % 3;
+                let mut layers = want.layers;
+                for (i, layer) in layers.iter_mut().enumerate() {
+                    layer.weight = layer.weight.clone().set_require_grad(i == active);
+                    layer.bias = layer.bias.clone().map(|b| b.set_require_grad(i == active));
+                }
+                want = Layers { layers };
+                if inactive_state == InactiveState::Dropped {
+                    optimizer = adamw();
+                }
+                for step in 2 * turn..2 * turn + 2 {
+                    let loss = loss(&want, step, None);
+                    want =
+                        train_step(None, &mut optimizer, learning_rate(step), want, loss).unwrap();
+                }
             }
-        }
-        let want = parameters(&want);
-        for in_backward in [None, Some(InBackward::new())] {
-            let mut schedule = schedule(BlockOrder::Ascending, 2);
-            let got = train(
-                initial.clone(),
-                &mut schedule,
-                &mut adamw(),
-                steps.clone(),
-                in_backward.as_ref(),
-            );
-            assert_eq!(
-                parameters(&got),
-                want,
-                "in backward: {}",
-                in_backward.is_some()
-            );
+            let want = parameters(&want);
+            for in_backward in [None, Some(InBackward::new())] {
+                let mut schedule = schedule_with(BlockOrder::Ascending, 2, inactive_state);
+                let got = train(
+                    initial.clone(),
+                    &mut schedule,
+                    &mut adamw(),
+                    0..8,
+                    in_backward.as_ref(),
+                );
+                assert_eq!(
+                    parameters(&got),
+                    want,
+                    "{inactive_state:?}, in backward: {}",
+                    in_backward.is_some()
+                );
+            }
         }
     }
 }

@@ -29,6 +29,18 @@ pub enum BlockOrder {
     },
 }
 
+/// What [`BlockCoordinate`] does with a block's optimizer state when the block's turn ends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InactiveState {
+    /// Dropped: each turn starts from a fresh state (BAdam's), and only the active block's
+    /// state ever exists.
+    #[default]
+    Dropped,
+    /// Kept where the optimizer keeps it, for the block's next turn to continue: in host memory
+    /// with [`HostOffloaded`](super::HostOffloaded), on the device (no memory saved) without.
+    Kept,
+}
+
 /// [`BlockCoordinate`]'s settings: the blocks, how long each trains, in which order.
 #[derive(Config, Debug)]
 pub struct BlockCoordinateConfig {
@@ -43,8 +55,11 @@ pub struct BlockCoordinateConfig {
     #[config(default = "BlockOrder::Descending")]
     pub order: BlockOrder,
     /// Parameters that train at every step beside the active block (BAdam's `active_modules`);
-    /// their optimizer state starts afresh at each switch too.
+    /// their optimizer state is dropped or kept with the blocks'.
     pub always: Option<ParamGroup>,
+    /// What happens to a block's optimizer state when its turn ends.
+    #[config(default = "InactiveState::Dropped")]
+    pub inactive_state: InactiveState,
 }
 
 /// Why a [`BlockCoordinateConfig`] cannot be used.
@@ -94,13 +109,14 @@ pub struct BlockCoordinateRecord {
 /// active block (`require_grad` off, as a frozen parameter: autodiff computes no gradient for
 /// it, and below the lowest trained layer no backward runs at all) and, at a switch, drops the
 /// optimizer state, so that only the active block's state ever exists (BAdam builds a new base
-/// optimizer state at each switch). The learning rate is the run's schedule, uninterrupted by
-/// the switches, as in BAdam; the optimizer's own step count (AdamW's bias correction) starts
-/// again with the fresh state.
+/// optimizer state at each switch), or keeps it ([`InactiveState::Kept`]: with
+/// [`HostOffloaded`](super::HostOffloaded), in host memory). The learning rate is the run's
+/// schedule, uninterrupted by the switches, as in BAdam; the optimizer's own step count
+/// (AdamW's bias correction) starts again with a fresh state and continues with a kept one.
 ///
 /// # Memory
-/// The optimizer state of the largest block instead of the whole model's, and the gradients of
-/// one block. Weights stay where they are.
+/// With the state dropped, the optimizer state of the largest block instead of the whole
+/// model's; the gradients of one block either way. Weights stay where they are.
 ///
 /// # Resuming
 /// The schedule is a function of the step count alone, which [`Self::to_record`] keeps: a run
@@ -143,9 +159,10 @@ impl BlockCoordinate {
 
     /// Starts the next step: freezes every parameter of `model` outside the active block (and
     /// [`BlockCoordinateConfig::always`]) and, at the first step of a block, drops the
-    /// optimizer state of the one before, from `optimizer` and from `in_backward` when it keeps
-    /// state per parameter ([`super::InBackwardTraining`]'s runs do). Call it before the
-    /// forward pass, which is when autodiff reads `require_grad`.
+    /// optimizer state of the one before (unless it is [`InactiveState::Kept`]), from
+    /// `optimizer` and from `in_backward` when it keeps state per parameter
+    /// ([`super::InBackwardTraining`]'s runs do). Call it before the forward pass, which is when
+    /// autodiff reads `require_grad`.
     pub fn begin_step<M: Module>(
         &mut self,
         model: M,
@@ -153,7 +170,8 @@ impl BlockCoordinate {
         in_backward: Option<&InBackward>,
     ) -> M {
         let switch_every = self.config.switch_every as u64;
-        if self.steps > 0 && self.steps.is_multiple_of(switch_every) {
+        let switch = self.steps > 0 && self.steps.is_multiple_of(switch_every);
+        if switch && self.config.inactive_state == InactiveState::Dropped {
             *optimizer = optimizer.clone().load_record(OptimizerRecord::default());
             if let Some(in_backward) = in_backward {
                 in_backward.drop_states_per_parameter();

@@ -32,7 +32,8 @@ mod loss_scaling;
 mod low_bit_adamw;
 
 pub use block_coordinate::{
-    BlockCoordinate, BlockCoordinateConfig, BlockCoordinateError, BlockCoordinateRecord, BlockOrder,
+    BlockCoordinate, BlockCoordinateConfig, BlockCoordinateError, BlockCoordinateRecord,
+    BlockOrder, InactiveState,
 };
 pub use fused_adamw::{FusedAdamW, FusedAdamWConfig};
 pub use fused_lion::{FusedLion, FusedLionConfig};
