@@ -177,7 +177,10 @@ fn short(pool: Pool) -> &'static str {
 
 fn not_modelled(plan: &Plan) {
     if !plan.not_modelled.is_empty() {
-        println!("not modelled yet: {}", plan.not_modelled.join(", "));
+        println!(
+            "not modelled on this device (or, for an offload on Flex, refused there): {}",
+            plan.not_modelled.join(", ")
+        );
     }
 }
 

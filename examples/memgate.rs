@@ -11,14 +11,16 @@
 //! each burn-memwall part has its own row. A stack that runs out of memory is reported as a row
 //! that does not fit, and the others still run. Beside each measured peak stands the memory
 //! budget's prediction (`lm::step_budget`) and their ratio, where the budget models the stack
-//! and the device (Flex, dense linears).
+//! and the device (Flex, dense linears). `host optim` is the optimizer state kept in host
+//! memory (`memwall-offload`, or any stack with `--offload`), computed from the state's formula;
+//! the other columns are the device's.
 
 use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
-use burn_memwall::memory::budget::DeviceMemory;
+use burn_memwall::memory::budget::{DeviceMemory, OptimizerPlan};
 use burn_memwall::memory::{CountingAllocator, human_bytes};
 use burn_memwall_models::data::{TextTokenizer, load_text};
-use burn_memwall_models::lm::{LmConfig, LoraConfig, human_count, step_budget};
+use burn_memwall_models::lm::{LmConfig, LoraConfig, human_count, parameter_census, step_budget};
 use burn_memwall_models::training::{
     RunConfig, TrainingConfig, every_stack, find_stack, measure_training_steps,
 };
@@ -74,6 +76,10 @@ struct Args {
     /// its steady state: with 2, `--steps` of twice the blocks and one more measure every block.
     #[arg(long)]
     switch_every: Option<usize>,
+    /// Keep every stack's optimizer state in host memory between updates (its row is named
+    /// `STACK+offload`); devices with memory of their own only.
+    #[arg(long)]
+    offload: bool,
     /// Stacks to run (default: all).
     #[arg(long, value_delimiter = ',')]
     stacks: Vec<String>,
@@ -105,6 +111,10 @@ struct Row {
     persistent_bytes: u64,
     parameter_bytes: u64,
     optimizer_state_bytes: u64,
+    /// The optimizer state kept in host memory between updates (computed: the state's formula
+    /// for every trained parameter; 0 where the state stays on the device; not computed for one
+    /// block at a time, whose host holds one block's).
+    host_state_bytes: Option<u64>,
     gradient_bytes: u64,
     activation_and_workspace_bytes: u64,
     /// What the forward pass left alive for backward (measured).
@@ -218,7 +228,7 @@ struct Report {
 
 fn print_table(rows: &[Row], unfit: &[Unfit]) {
     println!(
-        "{:<24} {:<22} {:>12} {:>12} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
+        "{:<24} {:<22} {:>12} {:>12} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
         "stack",
         "device",
         "peak",
@@ -227,6 +237,7 @@ fn print_table(rows: &[Row], unfit: &[Unfit]) {
         "persistent",
         "params",
         "optim",
+        "host optim",
         "grads",
         "acts+work",
         "fwd saved",
@@ -242,7 +253,7 @@ fn print_table(rows: &[Row], unfit: &[Unfit]) {
             None => ("-".to_owned(), "-".to_owned()),
         };
         println!(
-            "{:<24} {:<22} {:>12} {:>12} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10.0} {:>8.4}",
+            "{:<24} {:<22} {:>12} {:>12} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10.0} {:>8.4}",
             r.stack,
             r.device,
             human_bytes(r.peak_bytes),
@@ -251,6 +262,7 @@ fn print_table(rows: &[Row], unfit: &[Unfit]) {
             human_bytes(r.persistent_bytes),
             human_bytes(r.parameter_bytes),
             human_bytes(r.optimizer_state_bytes),
+            r.host_state_bytes.map_or("-".to_owned(), human_bytes),
             human_bytes(r.gradient_bytes),
             human_bytes(r.activation_and_workspace_bytes),
             human_bytes(r.saved_activation_bytes),
@@ -291,6 +303,11 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
     {
         schedule.switch_every = switch_every;
     }
+    let name = match args.offload && !switches.host_offload {
+        true => format!("{name}+offload"),
+        false => name.to_owned(),
+    };
+    switches.host_offload |= args.offload;
     if let Some(tie) = args.tie_embeddings {
         config.tie_embeddings = tie;
     }
@@ -310,6 +327,7 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
         .with_learning_rate(args.lr)
         .with_optimizer(optimizer)
         .with_block_coordinate(switches.block_coordinate)
+        .with_host_offload(switches.host_offload)
         .with_precision(precision)
         .with_seed(args.seed)
         .with_lora(lora);
@@ -326,8 +344,20 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
     let predicted_peak_bytes = step_budget(&config, &plan, shape, DeviceMemory::of(&device))
         .ok()
         .map(|budget| budget.peak());
+    let host_state_bytes = match (plan.state_on_host, plan.one_block_at_a_time) {
+        (false, _) => Some(0),
+        (true, true) => None,
+        (true, false) => Some(
+            OptimizerPlan {
+                state_on_host: false,
+                ..plan
+            }
+            .state(&parameter_census(&config, shape.float, shape.lora_rank))
+            .bytes(),
+        ),
+    };
     Ok(Row {
-        stack: name.to_owned(),
+        stack: name,
         device: describe(&device),
         model: args.model.clone(),
         parameters: config.param_count(),
@@ -340,6 +370,7 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
         persistent_bytes: pools.persistent(),
         parameter_bytes: pools.parameters,
         optimizer_state_bytes: pools.optimizer_state,
+        host_state_bytes,
         gradient_bytes: pools.gradients,
         activation_and_workspace_bytes: pools.activations_and_workspace,
         saved_activation_bytes: measured.saved_activations,

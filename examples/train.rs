@@ -160,6 +160,11 @@ struct Args {
     /// The order of the blocks with block-coordinate training (default: descending).
     #[arg(long, value_enum)]
     block_order: Option<BlockOrderArg>,
+    /// Keep the optimizer's state in host memory between updates (memwall-offload): the
+    /// device holds the state of the parameter being updated only. Devices with memory of
+    /// their own (wgpu, CUDA, ROCm); refused on Flex.
+    #[arg(long)]
+    offload: bool,
     /// Attention implementation; both train the same weights.
     #[arg(long, value_enum)]
     attention: Option<AttentionArg>,
@@ -233,7 +238,8 @@ struct Args {
     #[arg(long, conflicts_with = "overwrite")]
     resume: bool,
     /// With `--resume`: settings that may change on purpose (learning_rate,
-    /// final_learning_rate, weight_decay, max_validation_steps), recorded in run.json.
+    /// final_learning_rate, weight_decay, max_validation_steps, host_offload), recorded in
+    /// run.json.
     #[arg(long, value_delimiter = ',', requires = "resume")]
     allow_change: Vec<String>,
     /// Start a new run in `--artifacts` even if it holds one, deleting that run's files.
@@ -363,6 +369,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             Some(BlockOrderArg::Random) => BlockOrder::Random { seed: args.seed },
         };
     }
+    switches.host_offload |= args.offload;
     let optimizer = switches.apply(&mut model);
     let lora = args.weights.lora.map(|rank| {
         let alpha = args.lora_alpha.unwrap_or(2.0 * rank as f64);
@@ -380,6 +387,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .with_final_learning_rate(args.final_lr)
         .with_optimizer(optimizer)
         .with_block_coordinate(switches.block_coordinate)
+        .with_host_offload(switches.host_offload)
         .with_seed(args.seed)
         .with_precision(precision)
         .with_lora(lora.clone());
@@ -396,7 +404,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     println!(
         "stack {}: attention {:?}, loss {:?}, blocks {:?}, linears {:?}, savers {:?} (saved \
-         {:?}), optimizer {:?}{}, {:?}",
+         {:?}), optimizer {:?}{}{}, {:?}",
         stack.name,
         model.attention,
         model.loss,
@@ -411,6 +419,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 schedule.switch_every, schedule.order
             ),
             None => String::new(),
+        },
+        if switches.host_offload {
+            ", its state in host memory"
+        } else {
+            ""
         },
         precision
     );

@@ -409,25 +409,41 @@ fn what_is_not_modelled_is_refused_rather_than_mispredicted() {
 fn the_planner_picks_the_cheapest_stack_that_fits() {
     let _turn = common::take_turn(); // its allocations would count in the heap readings
     let config = LmConfig::preset("small").unwrap();
-    let plan = Plan::new(&config, StepShape::f32(2, 256), None, DeviceMemory::Heap).unwrap();
-    let everything = plan.fitting(u64::MAX).unwrap();
-    assert_eq!(everything.len(), plan.candidates.len());
-    // Every weight trained at every step first, then one block at a time; each cheapest first.
-    let one_block = |c: &&Candidate| c.stack.switches.block_coordinate.is_some();
-    let split = everything.partition_point(|c| !one_block(c));
-    assert!(
-        everything[split..].iter().all(one_block),
-        "one block at a time last"
-    );
-    for part in [&everything[..split], &everything[split..]] {
-        let times: Vec<f64> = part.iter().map(|c| c.step_time).collect();
-        assert!(times.is_sorted(), "cheapest first: {times:?}");
+    // The state on the device first, then in host memory (on Cube devices only), then one
+    // block at a time; each tier cheapest first.
+    let tier = |c: &&Candidate| match c.stack.switches {
+        switches if switches.block_coordinate.is_some() => 2,
+        switches if switches.host_offload => 1,
+        _ => 0,
+    };
+    for memory in [DeviceMemory::Heap, DeviceMemory::Pools] {
+        let plan = Plan::new(&config, StepShape::f32(2, 256), None, memory).unwrap();
+        let everything = plan.fitting(u64::MAX).unwrap();
+        assert_eq!(everything.len(), plan.candidates.len());
+        let tiers: Vec<u8> = everything.iter().map(tier).collect();
+        assert!(tiers.is_sorted(), "{memory:?}: {tiers:?}");
+        let offloads = tiers.iter().filter(|&&t| t == 1).count();
+        assert_eq!(
+            offloads,
+            usize::from(memory == DeviceMemory::Pools),
+            "{memory:?}"
+        );
+        for t in 0..3 {
+            let times: Vec<f64> = everything
+                .iter()
+                .filter(|c| tier(c) == t)
+                .map(|c| c.step_time)
+                .collect();
+            assert!(
+                times.is_sorted(),
+                "{memory:?}, tier {t}, cheapest first: {times:?}"
+            );
+        }
     }
+    let plan = Plan::new(&config, StepShape::f32(2, 256), None, DeviceMemory::Heap).unwrap();
     assert!(
-        plan.candidates
-            .iter()
-            .filter(|c| !one_block(c))
-            .all(|c| c.step_time >= everything[0].step_time)
+        plan.not_modelled.contains(&"memwall-offload"),
+        "refused on Flex"
     );
 
     let smallest = plan.smallest();
@@ -467,9 +483,10 @@ mod cube_pools {
     /// The models, stacks and sequence lengths the pools test measures on wgpu, one process each (a
     /// pool's high-water mark cannot be reset): one of each peak phase's kind that wins on `tiny`,
     /// one block at a time (a whole pass, the pools' mark the worst block's), Burn's optimizers, whose rewritten parameters leave their slots reserved (in backward at
-    /// once, after backward over the first steps), and a `small` row, whose `[vocab, d]` tensors
-    /// grow the arena's pages.
-    const POOL_CASES: [(&str, &str, usize); 8] = [
+    /// once, after backward over the first steps), a `small` row, whose `[vocab, d]` tensors
+    /// grow the arena's pages, and the state in host memory on `small` (its read-back copies,
+    /// one per size of state tensor, are 8 MiB of its 94).
+    const POOL_CASES: [(&str, &str, usize); 9] = [
         ("tiny", "baseline", 64),
         ("tiny", "in-backward-sgd", 64),
         ("tiny", "memwall", 64),
@@ -478,6 +495,7 @@ mod cube_pools {
         ("tiny", "flash+fused", 256),
         ("tiny", "reversible", 256),
         ("small", "in-backward-sgd", 64),
+        ("small", "memwall-offload", 64),
     ];
 
     /// On wgpu (lavapipe), CubeCL's pools reserve what the budget predicts for them: the
@@ -576,8 +594,9 @@ mod cube_pools {
             Err(error) => return println!("{NO_ADAPTER_PREFIX}{error}"),
         };
         let steps = steps_to_measure(&mut switches, &config, STEADY_STEPS);
-        let training =
-            common::step_training(optimizer, 2).with_block_coordinate(switches.block_coordinate);
+        let training = common::step_training(optimizer, 2)
+            .with_block_coordinate(switches.block_coordinate)
+            .with_host_offload(switches.host_offload);
         let measured = common::measure_run(&config, training, &windows(seq), steps, &device);
         println!("{REPORT_PREFIX}{}", measured.pools.peak);
     }

@@ -402,7 +402,7 @@ fn every_coded_matrix_takes_one_update_per_step() {
             .init(&device)
             .unwrap()
             .with_in_backward(optimizer.in_backward());
-        let mut steps_of = optimizer.init(0.0, Precision::F32, 0, None);
+        let mut steps_of = optimizer.init(0.0, Precision::F32, 0, None, None).unwrap();
         for _ in 0..3 {
             let tokens = random_tokens(2, 9, config.vocab_size, &device);
             let inputs = tokens.clone().slice([0..2, 0..8]);

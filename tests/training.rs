@@ -801,6 +801,14 @@ fn stacks_resolve_to_their_switches() {
             LinearKind::Dense,
             StepOptimizer::InBackwardFusedAdamW,
         ),
+        (
+            "memwall-offload",
+            Flash,
+            Fused,
+            BlockKind::Reversible,
+            LinearKind::Dense,
+            StepOptimizer::InBackwardFusedAdamW,
+        ),
     ];
     assert_eq!(Stack::ALL.len(), want.len());
     for (name, attention, loss, blocks, linear, optimizer) in want {
@@ -810,6 +818,11 @@ fn stacks_resolve_to_their_switches() {
         assert_eq!(
             stack.switches().block_coordinate,
             block_coordinate,
+            "{name}"
+        );
+        assert_eq!(
+            stack.switches().host_offload,
+            name == "memwall-offload",
             "{name}"
         );
         // From a config whose switches are all the other way, so that each one is set.
@@ -912,6 +925,79 @@ fn block_coordinate_training_resumes_exactly_through_the_learner() {
     assert_eq!(losses(&resumed), losses(&uninterrupted)[2..]);
 }
 
+/// `stack`'s run of `epochs` epochs, its state in host memory when the stack says so.
+fn stack_run(stack: Stack, epochs: usize) -> RunConfig {
+    let mut config = run_config(epochs);
+    config.training.optimizer = stack.apply(&mut config.model);
+    config.training.host_offload = stack.switches().host_offload;
+    config
+}
+
+/// `memwall-offload` through the Learner on a device with memory of its own (lavapipe in CI):
+/// the same losses as `memwall`, bit for bit; resumed after epoch 2 it continues exactly, and
+/// so does `memwall`'s checkpoint resumed with the offload turned on (the records are the
+/// same). On Flex the run is refused before it starts, saying why.
+#[test]
+fn offloaded_training_is_memwalls_through_the_learner() {
+    let _turn = common::take_turn();
+    let dir = common::temp_dir();
+    let error = run(
+        &stack_run(Stack::MemwallOffload, 1),
+        &Device::flex(),
+        &Artifacts::new(dir.path()),
+        &Start::Fresh,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("train without the offload"), "{error}");
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "nothing written"
+    );
+
+    for device in common::devices() {
+        if device == Device::flex() {
+            continue;
+        }
+        let fresh = |stack, epochs| {
+            let dir = common::temp_dir();
+            let report = run(
+                &stack_run(stack, epochs),
+                &device,
+                &Artifacts::new(dir.path()),
+                &Start::Fresh,
+            )
+            .unwrap();
+            (dir, report)
+        };
+        let (_, memwall) = fresh(Stack::Memwall, 3);
+        let (offload_dir, offloaded) = fresh(Stack::MemwallOffload, 2);
+        assert_eq!(losses(&offloaded), losses(&memwall)[..2]);
+        let resumed = run(
+            &stack_run(Stack::MemwallOffload, 3),
+            &device,
+            &Artifacts::new(offload_dir.path()),
+            &Start::resume(),
+        )
+        .unwrap();
+        assert_eq!(losses(&resumed), losses(&memwall)[2..]);
+
+        let (memwall_dir, _) = fresh(Stack::Memwall, 2);
+        let mut with_offload = stack_run(Stack::Memwall, 3);
+        with_offload.training.host_offload = true;
+        let resumed = run(
+            &with_offload,
+            &device,
+            &Artifacts::new(memwall_dir.path()),
+            &Start::Resume {
+                allow_change: vec!["host_offload".into()],
+            },
+        )
+        .unwrap();
+        assert_eq!(losses(&resumed), losses(&memwall)[2..]);
+    }
+}
+
 /// One epoch of `model` through burn-train's `SupervisedTraining` with the `InBackwardTraining`
 /// strategy, after `configure` has had its say on the builder.
 fn launch_in_backward_training(
@@ -937,7 +1023,9 @@ fn launch_in_backward_training(
             .batch_size(8)
             .build(dataset)
     };
-    let optimizer = StepOptimizer::InBackwardFusedAdamW.init(0.0, Precision::F32, 0, None);
+    let optimizer = StepOptimizer::InBackwardFusedAdamW
+        .init(0.0, Precision::F32, 0, None, None)
+        .unwrap();
     let strategy = InBackwardTraining::new(device.clone(), optimizer.clone(), 1e-2);
     let dir = common::temp_dir();
     let builder = SupervisedTraining::new(dir.path(), loader(train), loader(valid))

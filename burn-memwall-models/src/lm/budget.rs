@@ -905,8 +905,8 @@ fn weight_gradient_batches(batch: u64, seq: u64, d_out: u64) -> u64 {
 ///
 /// # Errors
 /// [`Error::InvalidConfig`] for the linears whose memory is not modelled yet (ternary; counter
-/// codes on pools), and [`Error::SequenceTooLong`] for a sequence longer than the model's
-/// context.
+/// codes on pools) and for optimizer state in host memory on Flex (refused there), and
+/// [`Error::SequenceTooLong`] for a sequence longer than the model's context.
 pub fn step_budget(
     config: &LmConfig,
     optimizer: &OptimizerPlan,
@@ -945,6 +945,13 @@ fn trained_step_budget(
         });
     }
     let coding = Coding::modelled(config, shape, memory)?;
+    if optimizer.state_on_host && memory == DeviceMemory::Heap {
+        return Err(Error::InvalidConfig(
+            "optimizer state in host memory needs a device with memory of its own: on Flex the \
+             device's memory is the host's, and the offload is refused"
+                .into(),
+        ));
+    }
     if optimizer.half_precision.is_some() != (shape.float.size() == 2) {
         return Err(Error::InvalidConfig(format!(
             "the optimizer plan's weights ({:?}) are not the step's {:?}",

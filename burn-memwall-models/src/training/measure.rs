@@ -56,7 +56,6 @@ pub fn measure_training_steps(
         batch_size,
         learning_rate,
         seed,
-        weight_decay,
         ..
     } = run.training;
     if steps < 2 {
@@ -94,7 +93,7 @@ pub fn measure_training_steps(
         .plan(precision.half_update())
         .gradients(&sizes)
         .bytes();
-    let mut optimizer = optimizer.init(weight_decay, precision, seed, loss_scale.as_ref());
+    let mut optimizer = run.training.init_optimizer(device, loss_scale.as_ref())?;
     let mut block_coordinate = match run.training.block_coordinate {
         Some(schedule) => Some(schedule.init(config)?),
         None => None,
@@ -155,12 +154,7 @@ fn warm_up_runtime(run: &RunConfig, windows: &[Vec<u32>], device: &Device) -> Re
         .initial_model(device, false)?
         .with_in_backward(training.optimizer.in_backward())
         .with_loss_scale(loss_scale.clone());
-    let mut optimizer = training.optimizer.init(
-        training.weight_decay,
-        training.precision,
-        training.seed,
-        loss_scale.as_ref(),
-    );
+    let mut optimizer = training.init_optimizer(device, loss_scale.as_ref())?;
     // Trained one block at a time here too: a Cube pool would keep every block's state reserved.
     if let Some(schedule) = training.block_coordinate {
         model = schedule

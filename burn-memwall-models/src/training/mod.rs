@@ -17,6 +17,7 @@ use std::sync::Arc;
 use burn::config::Config;
 use burn::data::dataloader::{DataLoader, DataLoaderBuilder};
 use burn::module::Module;
+use burn::optim::ModuleOptimizer;
 use burn::prelude::*;
 use burn::train::metric::{LearningRateMetric, LossMetric};
 use burn::train::{Interrupter, Learner, SupervisedTraining, TrainingStrategy};
@@ -81,6 +82,10 @@ pub struct TrainingConfig {
     /// Train one block of the model at a time (BAdam): the optimizer then holds the state of
     /// one block only.
     pub block_coordinate: Option<BlockSchedule>,
+    /// Keep the optimizer's state in host memory between updates
+    /// ([`burn_memwall::optim::HostOffloaded`]): devices with memory of their own only.
+    #[config(default = false)]
+    pub host_offload: bool,
     /// Seeds the weights and the data order.
     #[config(default = 42)]
     pub seed: u64,
@@ -97,6 +102,25 @@ pub struct TrainingConfig {
 }
 
 impl TrainingConfig {
+    /// The run's optimizer for a model on `device`, unscaling with `loss_scale` (the run's
+    /// [`Self::new_loss_scale`]).
+    ///
+    /// # Errors
+    /// The state offloaded from a device that computes in host memory (Flex).
+    pub fn init_optimizer(
+        &self,
+        device: &Device,
+        loss_scale: Option<&LossScale>,
+    ) -> Result<ModuleOptimizer, Error> {
+        self.optimizer.init(
+            self.weight_decay,
+            self.precision,
+            self.seed,
+            loss_scale,
+            self.host_offload.then_some(device),
+        )
+    }
+
     /// A fresh loss scale for a run in f16, `None` in the other precisions.
     pub fn new_loss_scale(&self) -> Option<LossScale> {
         self.precision.scales_loss().then(|| self.loss_scale.init())
@@ -104,12 +128,14 @@ impl TrainingConfig {
 
     /// The settings a resume may change on purpose (`Start::Resume`'s `allow_change`): each
     /// takes effect from the resumed step on and leaves the checkpoint's state valid (Burn's
-    /// scheduler records hold step counts, not rates).
-    pub const RESUME_MAY_CHANGE: [&str; 4] = [
+    /// scheduler records hold step counts, not rates; an optimizer's records are the same with
+    /// its state in host memory or on the device).
+    pub const RESUME_MAY_CHANGE: [&str; 5] = [
         "learning_rate",
         "final_learning_rate",
         "weight_decay",
         "max_validation_steps",
+        "host_offload",
     ];
 
     /// Checks the numbers once, before anything is built or written.
@@ -240,6 +266,8 @@ impl RunConfig {
                  run's (DeviceChoice::device_in or start_as_default_in)"
             )));
         }
+        // Made once to check it can be, before anything large is (an offload from Flex is not).
+        self.training.init_optimizer(device, None)?;
         Ok(())
     }
 
@@ -548,6 +576,8 @@ pub fn train(
     quiet: bool,
 ) -> Result<TrainReport, Error> {
     run.validate()?;
+    // Before anything is written: a run this device cannot take leaves no folder behind.
+    run.check_device(device)?;
     let RunConfig {
         model: model_config,
         training,
@@ -606,7 +636,6 @@ pub fn train(
         )));
     }
 
-    run.check_device(device)?;
     let meter = MemoryMeter::new(device);
     let live_before = meter.live_bytes();
     device.seed(training.seed);
@@ -648,12 +677,7 @@ pub fn train(
     let (renderer, progress) = ProgressRenderer::new(training.seq_len, quiet);
     let renderer =
         renderer.stopping_on_divergence(interrupter.clone(), start_epoch * steps_per_epoch);
-    let optimizer = training.optimizer.init(
-        training.weight_decay,
-        training.precision,
-        training.seed,
-        loss_scale.as_ref(),
-    );
+    let optimizer = training.init_optimizer(device, loss_scale.as_ref())?;
     // burn-train's own loop keeps a second handle on the model while it optimizes, which
     // would hold every old weight beside its in-backward update.
     let mut strategy =

@@ -1,12 +1,13 @@
 //! Which optimizer trains the model, and whether it steps during backward.
 
 use burn::optim::{AdamWConfig, ModuleOptimizer, Optimizer, SgdConfig};
+use burn::prelude::Device;
 use burn::tensor::FloatDType;
 use burn_memwall::memory::budget::{Moments, OptimizerPlan, UpdateTiming};
 use burn_memwall::optim::{
     BlockCoordinate, BlockCoordinateConfig, BlockOrder, FusedAdamWConfig, FusedSgdConfig,
-    HalfPrecisionUpdate, InBackward, LossScale, LossScaled, LowBitAdamWConfig, MasterWeights,
-    MomentBits, StochasticRounding,
+    HalfPrecisionUpdate, HostOffloaded, InBackward, LossScale, LossScaled, LowBitAdamWConfig,
+    MasterWeights, MomentBits, StochasticRounding,
 };
 use serde::{Deserialize, Serialize};
 
@@ -99,18 +100,24 @@ pub enum StepOptimizer {
 impl StepOptimizer {
     /// The optimizer, with AdamW's decoupled `weight_decay` (SGD takes none), for weights in
     /// `precision` (stochastic roundings drawn under `seed`), given gradients of losses scaled by
-    /// `loss_scale` if one is given.
+    /// `loss_scale` if one is given, its state in host memory between updates when
+    /// `offload_from` names the parameters' device.
+    ///
+    /// # Errors
+    /// An offload from a device that computes in host memory (Flex).
     pub fn init(
         self,
         weight_decay: f32,
         precision: Precision,
         seed: u64,
         loss_scale: Option<&LossScale>,
-    ) -> ModuleOptimizer {
+        offload_from: Option<&Device>,
+    ) -> Result<ModuleOptimizer, Error> {
         let decorations = Decorations {
             precision,
             seed,
             loss_scale,
+            offload_from,
         };
         match self {
             Self::AdamW | Self::InBackwardAdamW => {
@@ -161,6 +168,7 @@ impl StepOptimizer {
             ),
             half_precision,
             one_block_at_a_time: false,
+            state_on_host: false,
         }
     }
 
@@ -200,25 +208,38 @@ impl BlockSchedule {
     }
 }
 
-/// What an optimizer is wrapped in for the weights' precision and the loss's scale.
+/// What an optimizer is wrapped in for the weights' precision, the state's place and the
+/// loss's scale.
 struct Decorations<'a> {
     precision: Precision,
     /// Seeds stochastic roundings.
     seed: u64,
     loss_scale: Option<&'a LossScale>,
+    /// The parameters' device, when the state is kept in host memory between updates.
+    offload_from: Option<&'a Device>,
 }
 
 impl Decorations<'_> {
-    /// `optimizer` as it is in f32, decorated for half precision, and unscaling the gradients
-    /// of scaled losses first.
-    fn apply<O: Optimizer>(&self, optimizer: O) -> ModuleOptimizer {
+    /// `optimizer` as it is in f32, decorated for half precision, its state (with the masters)
+    /// offloaded, and unscaling the gradients of scaled losses first.
+    fn apply<O: Optimizer>(&self, optimizer: O) -> Result<ModuleOptimizer, Error> {
         match self.precision.half_update() {
-            None => self.unscaled(optimizer),
-            Some(HalfPrecisionUpdate::Masters) => self.unscaled(MasterWeights::new(optimizer)),
+            None => self.placed(optimizer),
+            Some(HalfPrecisionUpdate::Masters) => self.placed(MasterWeights::new(optimizer)),
             Some(HalfPrecisionUpdate::StochasticRounding) => {
-                self.unscaled(StochasticRounding::new(optimizer, self.seed as u32))
+                self.placed(StochasticRounding::new(optimizer, self.seed as u32))
             }
         }
+    }
+
+    fn placed<O: Optimizer>(&self, optimizer: O) -> Result<ModuleOptimizer, Error> {
+        Ok(match self.offload_from {
+            Some(device) => self.unscaled(
+                HostOffloaded::new(optimizer, device)
+                    .map_err(|error| Error::InvalidConfig(error.to_string()))?,
+            ),
+            None => self.unscaled(optimizer),
+        })
     }
 
     fn unscaled<O: Optimizer>(&self, optimizer: O) -> ModuleOptimizer {

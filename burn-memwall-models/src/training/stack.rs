@@ -35,11 +35,15 @@ pub enum Stack {
     /// `memwall` training one block at a time (BAdam's schedule: 50 steps per block, from the
     /// head down): optimizer state for the largest block only.
     MemwallBadam,
+    /// `memwall` with the optimizer's state in host memory between updates (`HostOffloaded`):
+    /// on the device, the state of the parameter being updated only. Devices with memory of
+    /// their own only (refused on Flex).
+    MemwallOffload,
 }
 
 impl Stack {
     /// Every stack, baseline first.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Baseline,
         Self::Memwall,
         Self::MemwallSgd,
@@ -47,6 +51,7 @@ impl Stack {
         Self::MemwallAdam8,
         Self::MemwallAdam4,
         Self::MemwallBadam,
+        Self::MemwallOffload,
     ];
 
     /// The name on the command line.
@@ -59,6 +64,7 @@ impl Stack {
             Self::MemwallAdam8 => "memwall-adam8",
             Self::MemwallAdam4 => "memwall-adam4",
             Self::MemwallBadam => "memwall-badam",
+            Self::MemwallOffload => "memwall-offload",
         }
     }
 
@@ -87,6 +93,7 @@ impl Stack {
             saved_precision: SavedPrecision::Full,
             optimizer: StepOptimizer::AdamW,
             block_coordinate: None,
+            host_offload: false,
         };
         const MEMWALL: Switches = Switches {
             attention: AttentionKind::Flash,
@@ -97,6 +104,7 @@ impl Stack {
             saved_precision: SavedPrecision::Full,
             optimizer: StepOptimizer::InBackwardFusedAdamW,
             block_coordinate: None,
+            host_offload: false,
         };
         match self {
             Self::Baseline => BASELINE,
@@ -119,6 +127,10 @@ impl Stack {
             },
             Self::MemwallBadam => Switches {
                 block_coordinate: Some(BlockSchedule::BADAM),
+                ..MEMWALL
+            },
+            Self::MemwallOffload => Switches {
+                host_offload: true,
                 ..MEMWALL
             },
         }
@@ -144,6 +156,8 @@ pub struct Switches {
     pub optimizer: StepOptimizer,
     /// Whether the model trains one block at a time, and how.
     pub block_coordinate: Option<BlockSchedule>,
+    /// Whether the optimizer's state stays in host memory between updates.
+    pub host_offload: bool,
 }
 
 impl Switches {
@@ -151,6 +165,7 @@ impl Switches {
     pub fn optimizer_plan(self, half_precision: Option<HalfPrecisionUpdate>) -> OptimizerPlan {
         OptimizerPlan {
             one_block_at_a_time: self.block_coordinate.is_some(),
+            state_on_host: self.host_offload,
             ..self.optimizer.plan(half_precision)
         }
     }
