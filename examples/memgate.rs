@@ -19,6 +19,7 @@ use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::budget::{DeviceMemory, OptimizerPlan};
 use burn_memwall::memory::{CountingAllocator, human_bytes};
+use burn_memwall::optim::InactiveState;
 use burn_memwall_models::data::{TextTokenizer, load_text};
 use burn_memwall_models::lm::{LmConfig, LoraConfig, human_count, parameter_census, step_budget};
 use burn_memwall_models::training::{
@@ -76,6 +77,10 @@ struct Args {
     /// its steady state: with 2, `--steps` of twice the blocks and one more measure every block.
     #[arg(long)]
     switch_every: Option<usize>,
+    /// For the stacks that train one block at a time: keep each block's optimizer state for
+    /// its next turn instead of dropping it.
+    #[arg(long)]
+    keep_block_state: bool,
     /// Keep every stack's optimizer state in host memory between updates (its row is named
     /// `STACK+offload`); devices with memory of their own only.
     #[arg(long)]
@@ -113,7 +118,7 @@ struct Row {
     optimizer_state_bytes: u64,
     /// The optimizer state kept in host memory between updates (computed: the state's formula
     /// for every trained parameter; 0 where the state stays on the device; not computed for one
-    /// block at a time, whose host holds one block's).
+    /// block at a time with the state dropped, whose host holds one block's).
     host_state_bytes: Option<u64>,
     gradient_bytes: u64,
     activation_and_workspace_bytes: u64,
@@ -303,6 +308,9 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
     {
         schedule.switch_every = switch_every;
     }
+    if let (Some(schedule), true) = (&mut switches.block_coordinate, args.keep_block_state) {
+        schedule.inactive_state = InactiveState::Kept;
+    }
     let name = match args.offload && !switches.host_offload {
         true => format!("{name}+offload"),
         false => name.to_owned(),
@@ -346,8 +354,8 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
         .map(|budget| budget.peak());
     let host_state_bytes = match (plan.state_on_host, plan.one_block_at_a_time) {
         (false, _) => Some(0),
-        (true, true) => None,
-        (true, false) => Some(
+        (true, Some(InactiveState::Dropped)) => None,
+        (true, None | Some(InactiveState::Kept)) => Some(
             OptimizerPlan {
                 state_on_host: false,
                 ..plan

@@ -19,7 +19,7 @@ use burn_memwall::device::describe;
 use burn_memwall::memory::budget::DeviceMemory;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes, parse_bytes};
 use burn_memwall::ops::saved_rows::SavedPrecision;
-use burn_memwall::optim::BlockOrder;
+use burn_memwall::optim::{BlockOrder, InactiveState};
 use burn_memwall_models::data::{Corpus, TextTokenizer, load_text, split_text};
 use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LinearKind, LmConfig, LoraConfig, LossKind, MlpKind, PRESETS,
@@ -160,6 +160,11 @@ struct Args {
     /// The order of the blocks with block-coordinate training (default: descending).
     #[arg(long, value_enum)]
     block_order: Option<BlockOrderArg>,
+    /// With block-coordinate training, keep each block's optimizer state for its next turn
+    /// instead of dropping it (BAdam's): in host memory with `--offload`, on the device
+    /// (no memory saved) without.
+    #[arg(long)]
+    keep_block_state: bool,
     /// Keep the optimizer's state in host memory between updates (memwall-offload): the
     /// device holds the state of the parameter being updated only. Devices with memory of
     /// their own (wgpu, CUDA, ROCm); refused on Flex.
@@ -357,7 +362,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(base) = &base_config {
         keep_the_function(&mut switches, base, &args)?;
     }
-    if args.switch_every.is_some() || args.block_order.is_some() {
+    if args.switch_every.is_some() || args.block_order.is_some() || args.keep_block_state {
         let schedule = switches
             .block_coordinate
             .get_or_insert(BlockSchedule::BADAM);
@@ -368,6 +373,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             Some(BlockOrderArg::Descending) => BlockOrder::Descending,
             Some(BlockOrderArg::Random) => BlockOrder::Random { seed: args.seed },
         };
+        if args.keep_block_state {
+            schedule.inactive_state = InactiveState::Kept;
+        }
     }
     switches.host_offload |= args.offload;
     let optimizer = switches.apply(&mut model);
@@ -415,8 +423,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         optimizer,
         match switches.block_coordinate {
             Some(schedule) => format!(
-                " one block at a time ({} steps each, {:?})",
-                schedule.switch_every, schedule.order
+                " one block at a time ({} steps each, {:?}, inactive state {:?})",
+                schedule.switch_every, schedule.order, schedule.inactive_state
             ),
             None => String::new(),
         },

@@ -886,6 +886,7 @@ fn block_coordinate_training_resumes_exactly_through_the_learner() {
         config.training.block_coordinate = Some(BlockSchedule {
             switch_every: 5,
             order: BlockOrder::Random { seed: 5 },
+            ..BlockSchedule::BADAM
         });
         config
     };

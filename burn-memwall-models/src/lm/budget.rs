@@ -41,6 +41,7 @@ use burn_memwall::nn::counter_loss_block_rows;
 use burn_memwall::ops::fused_linear_cross_entropy::FusedCrossEntropyOptions;
 use burn_memwall::ops::packed_matmul::block_rows;
 use burn_memwall::ops::saved_rows::SavedPrecision;
+use burn_memwall::optim::InactiveState;
 
 use super::config::BlockWeight;
 use super::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, MlpKind, SaverKind};
@@ -913,7 +914,7 @@ pub fn step_budget(
     shape: StepShape,
     memory: DeviceMemory,
 ) -> Result<Budget, Error> {
-    if !optimizer.one_block_at_a_time {
+    if optimizer.one_block_at_a_time.is_none() {
         return trained_step_budget(config, optimizer, shape, memory);
     }
     // The worst block's step: a layer's, or the table's and head's.
@@ -1099,7 +1100,12 @@ fn trained_step_budget(
                 Tensors::new(2, 4 * tokens),
             ],
         ),
-        optimizer.state(&stepped),
+        // A kept state is every block's (in host memory with the offload, where each block's
+        // largest parameter and every size's read-back copy may come to the device).
+        optimizer.state(match optimizer.one_block_at_a_time {
+            Some(InactiveState::Kept) => &census,
+            _ => &stepped,
+        }),
     ];
     let phase = |name: &'static str, terms: Vec<Term>| Phase {
         name,

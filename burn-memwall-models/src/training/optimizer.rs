@@ -6,8 +6,8 @@ use burn::tensor::FloatDType;
 use burn_memwall::memory::budget::{Moments, OptimizerPlan, UpdateTiming};
 use burn_memwall::optim::{
     BlockCoordinate, BlockCoordinateConfig, BlockOrder, FusedAdamWConfig, FusedSgdConfig,
-    HalfPrecisionUpdate, HostOffloaded, InBackward, LossScale, LossScaled, LowBitAdamWConfig,
-    MasterWeights, MomentBits, StochasticRounding,
+    HalfPrecisionUpdate, HostOffloaded, InBackward, InactiveState, LossScale, LossScaled,
+    LowBitAdamWConfig, MasterWeights, MomentBits, StochasticRounding,
 };
 use serde::{Deserialize, Serialize};
 
@@ -167,7 +167,7 @@ impl StepOptimizer {
                     | Self::InBackwardFusedSgd
             ),
             half_precision,
-            one_block_at_a_time: false,
+            one_block_at_a_time: None,
             state_on_host: false,
         }
     }
@@ -186,6 +186,10 @@ pub struct BlockSchedule {
     pub switch_every: usize,
     /// The order of the blocks in each pass.
     pub order: BlockOrder,
+    /// What happens to a block's optimizer state when its turn ends (runs recorded before
+    /// this setting existed dropped it).
+    #[serde(default)]
+    pub inactive_state: InactiveState,
 }
 
 impl BlockSchedule {
@@ -193,6 +197,7 @@ impl BlockSchedule {
     pub const BADAM: Self = Self {
         switch_every: 50,
         order: BlockOrder::Descending,
+        inactive_state: InactiveState::Dropped,
     };
 
     /// The schedule over `model`'s blocks, at its first step.
@@ -203,6 +208,7 @@ impl BlockSchedule {
         BlockCoordinateConfig::new(model.coordinate_blocks())
             .with_switch_every(self.switch_every)
             .with_order(self.order)
+            .with_inactive_state(self.inactive_state)
             .init()
             .map_err(|error| Error::InvalidConfig(error.to_string()))
     }

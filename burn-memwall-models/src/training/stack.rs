@@ -164,7 +164,9 @@ impl Switches {
     /// What the budget sees of the optimizer, with weights updated as `half_precision` says.
     pub fn optimizer_plan(self, half_precision: Option<HalfPrecisionUpdate>) -> OptimizerPlan {
         OptimizerPlan {
-            one_block_at_a_time: self.block_coordinate.is_some(),
+            one_block_at_a_time: self
+                .block_coordinate
+                .map(|schedule| schedule.inactive_state),
             state_on_host: self.host_offload,
             ..self.optimizer.plan(half_precision)
         }

@@ -13,7 +13,7 @@ use burn::prelude::*;
 use burn::tensor::DType;
 
 use super::human_bytes;
-use crate::optim::{HalfPrecisionUpdate, MomentBits};
+use crate::optim::{HalfPrecisionUpdate, InactiveState, MomentBits};
 
 /// Where a term's bytes belong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -504,9 +504,10 @@ pub struct OptimizerPlan {
     /// update runs in f32 either way ([`crate::optim::MasterWeights`],
     /// [`crate::optim::StochasticRounding`]), so the moments are f32 whatever the weights.
     pub half_precision: Option<HalfPrecisionUpdate>,
-    /// Whether one block of the model trains at a time ([`crate::optim::BlockCoordinate`]):
-    /// the census a budget gives the optimizer's terms is then the largest block's.
-    pub one_block_at_a_time: bool,
+    /// Whether one block of the model trains at a time ([`crate::optim::BlockCoordinate`]),
+    /// and what happens to the other blocks' state: the census a budget gives the optimizer's
+    /// terms is then the largest block's, and the state's the whole model's when it is kept.
+    pub one_block_at_a_time: Option<InactiveState>,
     /// Whether the state stays in host memory between updates
     /// ([`crate::optim::HostOffloaded`]): on the device, the state of the parameter being
     /// updated only.
@@ -707,7 +708,7 @@ mod tests {
             update_temporaries: 1,
             in_place,
             half_precision: None,
-            one_block_at_a_time: false,
+            one_block_at_a_time: None,
             state_on_host: false,
         }
     }
