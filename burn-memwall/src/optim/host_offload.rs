@@ -3,12 +3,14 @@
 use burn::optim::{LearningRate, Optimizer, RecordState, StateSink, StateSource};
 use burn::prelude::*;
 
+use crate::device::describe;
+
 /// Why [`HostOffloaded`] is refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum HostOffloadError {
     /// The device computes in host memory: there is nowhere else to keep the state.
     #[error(
-        "optimizer state cannot be offloaded to host memory from {0}: that device computes in \
+        "optimizer state cannot be offloaded to host memory from `{0}`: that device computes in \
          host memory already, so the state would only be copied there and back at every step; \
          train without the offload"
     )]
@@ -43,7 +45,7 @@ impl<O> HostOffloaded<O> {
     /// CubeCL's CPU runtime).
     pub fn new(inner: O, device: &Device) -> Result<Self, HostOffloadError> {
         if computes_in_host_memory(device) {
-            return Err(HostOffloadError::HostIsTheDevice(format!("{device:?}")));
+            return Err(HostOffloadError::HostIsTheDevice(describe(device)));
         }
         Ok(Self { inner })
     }
