@@ -25,6 +25,11 @@ pub enum HostOffloadError {
 /// master weights are state, and move too); with [`InBackward`](crate::optim::InBackward) the
 /// device holds one parameter's state and one gradient at a time.
 ///
+/// # Memory
+/// On the device, the state of the parameter being updated; on wgpu also the mapped copies its
+/// reads go through, which its pools keep reserved, one per size of state tensor. In host
+/// memory, every state.
+///
 /// # Cost
 /// Each update reads its state back (a wait for the device) and uploads it again: twice the
 /// state's bytes over the bus per step, not yet overlapped with compute.
