@@ -525,9 +525,10 @@ impl OptimizerPlan {
 
     /// The moments of every trained parameter, and its f32 master copy when the half-precision
     /// weights keep one, kept between steps. With the state on the host, the largest trained
-    /// parameter's, on the device during its update, and a copy of its largest state tensor:
-    /// the state goes back one tensor at a time, and wgpu reads a buffer through a mapped copy
-    /// in the device's pools (measured on lavapipe: reading 12 MiB back holds 24 MiB there).
+    /// parameter's, on the device during its update, and the copies the state is read back
+    /// through: wgpu reads a buffer through a mapped copy that its pools keep reserved for the
+    /// next read of the same size, so one copy of each size of state tensor stays (measured on
+    /// lavapipe: reading 12 MiB back holds 24 MiB there).
     pub fn state(&self, census: &ParameterCensus) -> Term {
         let masters = u64::from(self.half_precision == Some(HalfPrecisionUpdate::Masters));
         let moments = match self.moments {
