@@ -12,14 +12,14 @@
 //! that does not fit, and the others still run. Beside each measured peak stands the memory
 //! budget's prediction (`lm::step_budget`) and their ratio, where the budget models the stack
 //! and the device (Flex, dense linears). `host optim` is the optimizer state kept in host
-//! memory (`memwall-offload`, or any stack with `--offload`), computed from the state's formula;
-//! the other columns are the device's.
+//! memory (`memwall-offload`, `memwall-host-update` with its f32 masters, or any stack with
+//! `--offload`), computed from the state's formula; the other columns are the device's.
 
 use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::budget::{DeviceMemory, OptimizerPlan};
 use burn_memwall::memory::{CountingAllocator, human_bytes};
-use burn_memwall::optim::InactiveState;
+use burn_memwall::optim::{HalfPrecisionUpdate, HostOffload, InactiveState};
 use burn_memwall_models::data::{TextTokenizer, load_text};
 use burn_memwall_models::lm::{LmConfig, LoraConfig, human_count, parameter_census, step_budget};
 use burn_memwall_models::training::{
@@ -81,10 +81,11 @@ struct Args {
     /// its next turn instead of dropping it.
     #[arg(long)]
     keep_block_state: bool,
-    /// Keep every stack's optimizer state in host memory between updates (its row is named
-    /// `STACK+offload`); devices with memory of their own only.
-    #[arg(long)]
-    offload: bool,
+    /// Keep every stack's optimizer state in host memory: `state` (the default) between
+    /// updates (its row is named `STACK+offload`), `update` with the update on the host too
+    /// (`STACK+host-update`); devices with memory of their own only.
+    #[arg(long, num_args = 0..=1, default_missing_value = "state")]
+    offload: Option<HostOffload>,
     /// Stacks to run (default: all).
     #[arg(long, value_delimiter = ',')]
     stacks: Vec<String>,
@@ -311,11 +312,14 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
     if let (Some(schedule), true) = (&mut switches.block_coordinate, args.keep_block_state) {
         schedule.inactive_state = InactiveState::Kept;
     }
-    let name = match args.offload && !switches.host_offload {
-        true => format!("{name}+offload"),
-        false => name.to_owned(),
+    let name = match args.offload {
+        Some(offload) if switches.host_offload != Some(offload) => match offload {
+            HostOffload::State => format!("{name}+offload"),
+            HostOffload::Update => format!("{name}+host-update"),
+        },
+        _ => name.to_owned(),
     };
-    switches.host_offload |= args.offload;
+    switches.host_offload = args.offload.or(switches.host_offload);
     if let Some(tie) = args.tie_embeddings {
         config.tie_embeddings = tie;
     }
@@ -352,17 +356,28 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
     let predicted_peak_bytes = step_budget(&config, &plan, shape, DeviceMemory::of(&device))
         .ok()
         .map(|budget| budget.peak());
-    let host_state_bytes = match (plan.state_on_host, plan.one_block_at_a_time) {
-        (false, _) => Some(0),
-        (true, Some(InactiveState::Dropped)) => None,
-        (true, None | Some(InactiveState::Kept)) => Some(
-            OptimizerPlan {
-                state_on_host: false,
+    let host_state_bytes = match (plan.host_offload, plan.one_block_at_a_time) {
+        (None, _) => Some(0),
+        (Some(_), Some(InactiveState::Dropped)) => None,
+        (Some(offload), None | Some(InactiveState::Kept)) => {
+            let census = parameter_census(&config, shape.float, shape.lora_rank);
+            // The update on the host keeps an f32 master of each weight beside the state.
+            let masters = match (offload, plan.half_precision) {
+                (HostOffload::Update, None) => census.trained.iter().sum(),
+                _ => 0,
+            };
+            let on_device = OptimizerPlan {
+                host_offload: None,
+                half_precision: match offload {
+                    HostOffload::Update => {
+                        plan.half_precision.map(|_| HalfPrecisionUpdate::Masters)
+                    }
+                    HostOffload::State => plan.half_precision,
+                },
                 ..plan
-            }
-            .state(&parameter_census(&config, shape.float, shape.lora_rank))
-            .bytes(),
-        ),
+            };
+            Some(on_device.state(&census).bytes() + masters)
+        }
     };
     Ok(Row {
         stack: name,

@@ -19,7 +19,7 @@ use burn_memwall::device::describe;
 use burn_memwall::memory::budget::DeviceMemory;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes, parse_bytes};
 use burn_memwall::ops::saved_rows::SavedPrecision;
-use burn_memwall::optim::{BlockOrder, InactiveState};
+use burn_memwall::optim::{BlockOrder, HostOffload, InactiveState};
 use burn_memwall_models::data::{Corpus, TextTokenizer, load_text, split_text};
 use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LinearKind, LmConfig, LoraConfig, LossKind, MlpKind, PRESETS,
@@ -165,11 +165,13 @@ struct Args {
     /// (no memory saved) without.
     #[arg(long)]
     keep_block_state: bool,
-    /// Keep the optimizer's state in host memory between updates (memwall-offload): the
-    /// device holds the state of the parameter being updated only. Devices with memory of
-    /// their own (wgpu, CUDA, ROCm); refused on Flex.
-    #[arg(long)]
-    offload: bool,
+    /// Keep the optimizer's state in host memory: `state` (the default) between updates, which
+    /// run on the device (memwall-offload: the device holds the state of the parameter being
+    /// updated only), or `update`, with the update run on the host from an f32 master of each
+    /// weight (memwall-host-update: no state on the device). Devices with memory of their own
+    /// (wgpu, CUDA, ROCm); refused on Flex.
+    #[arg(long, num_args = 0..=1, default_missing_value = "state")]
+    offload: Option<HostOffload>,
     /// Attention implementation; both train the same weights.
     #[arg(long, value_enum)]
     attention: Option<AttentionArg>,
@@ -377,7 +379,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             schedule.inactive_state = InactiveState::Kept;
         }
     }
-    switches.host_offload |= args.offload;
+    switches.host_offload = args.offload.or(switches.host_offload);
     let optimizer = switches.apply(&mut model);
     let lora = args.weights.lora.map(|rank| {
         let alpha = args.lora_alpha.unwrap_or(2.0 * rank as f64);
@@ -428,10 +430,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             ),
             None => String::new(),
         },
-        if switches.host_offload {
-            ", its state in host memory"
-        } else {
-            ""
+        match switches.host_offload {
+            Some(HostOffload::State) => ", its state in host memory",
+            Some(HostOffload::Update) => ", its state and update on the host",
+            None => "",
         },
         precision
     );

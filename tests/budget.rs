@@ -413,7 +413,7 @@ fn the_planner_picks_the_cheapest_stack_that_fits() {
     // block at a time; each tier cheapest first.
     let tier = |c: &&Candidate| match c.stack.switches {
         switches if switches.block_coordinate.is_some() => 2,
-        switches if switches.host_offload => 1,
+        switches if switches.host_offload.is_some() => 1,
         _ => 0,
     };
     for memory in [DeviceMemory::Heap, DeviceMemory::Pools] {
@@ -423,9 +423,10 @@ fn the_planner_picks_the_cheapest_stack_that_fits() {
         let tiers: Vec<u8> = everything.iter().map(tier).collect();
         assert!(tiers.is_sorted(), "{memory:?}: {tiers:?}");
         let offloads = tiers.iter().filter(|&&t| t == 1).count();
+        let offload_stacks = ["memwall-offload", "memwall-host-update"];
         assert_eq!(
             offloads,
-            usize::from(memory == DeviceMemory::Pools),
+            offload_stacks.len() * usize::from(memory == DeviceMemory::Pools),
             "{memory:?}"
         );
         for t in 0..3 {
@@ -441,10 +442,12 @@ fn the_planner_picks_the_cheapest_stack_that_fits() {
         }
     }
     let plan = Plan::new(&config, StepShape::f32(2, 256), None, DeviceMemory::Heap).unwrap();
-    assert!(
-        plan.not_modelled.contains(&"memwall-offload"),
-        "refused on Flex"
-    );
+    for stack in ["memwall-offload", "memwall-host-update"] {
+        assert!(
+            plan.not_modelled.contains(&stack),
+            "{stack} refused on Flex"
+        );
+    }
 
     let smallest = plan.smallest();
     let tight = smallest.peak;
@@ -484,9 +487,10 @@ mod cube_pools {
     /// pool's high-water mark cannot be reset): one of each peak phase's kind that wins on `tiny`,
     /// one block at a time (a whole pass, the pools' mark the worst block's), Burn's optimizers, whose rewritten parameters leave their slots reserved (in backward at
     /// once, after backward over the first steps), a `small` row, whose `[vocab, d]` tensors
-    /// grow the arena's pages, and the state in host memory on `small` (its read-back copies,
-    /// one per size of state tensor, are 8 MiB of its 94).
-    const POOL_CASES: [(&str, &str, usize); 9] = [
+    /// grow the arena's pages, the state in host memory on `small` (its read-back copies, one
+    /// per size of state tensor, are 8 MiB of its 94) and the update on the host (no state on
+    /// the device; the gradients' read-back copies).
+    const POOL_CASES: [(&str, &str, usize); 10] = [
         ("tiny", "baseline", 64),
         ("tiny", "in-backward-sgd", 64),
         ("tiny", "memwall", 64),
@@ -496,6 +500,7 @@ mod cube_pools {
         ("tiny", "reversible", 256),
         ("small", "in-backward-sgd", 64),
         ("small", "memwall-offload", 64),
+        ("small", "memwall-host-update", 64),
     ];
 
     /// On wgpu (lavapipe), CubeCL's pools reserve what the budget predicts for them: the

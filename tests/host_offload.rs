@@ -1,7 +1,8 @@
-//! `HostOffloaded` on a device with memory of its own (wgpu; lavapipe in CI): the same updates
-//! bit for bit as the wrapped optimizer on the device, after backward and in it, with no state
-//! left on the device between steps; records that resume exactly and load into host memory;
-//! refused where the device is the host.
+//! `HostOffloaded` and `HostStepped` on a device with memory of their own (wgpu; lavapipe in
+//! CI): `HostOffloaded` makes the same updates bit for bit as the wrapped optimizer on the
+//! device, after backward and in it, and `HostStepped` the host's; neither leaves state on the
+//! device between steps; records resume exactly and load into host memory; both are refused
+//! where the device is the host.
 
 mod common;
 
@@ -12,7 +13,7 @@ use burn::prelude::*;
 use burn_memwall::memory::MemoryMeter;
 use burn_memwall::nn::Routed;
 use burn_memwall::optim::{
-    FusedAdamWConfig, HostOffloadError, HostOffloaded, InBackward, LowBitAdamWConfig,
+    FusedAdamWConfig, HostOffloadError, HostOffloaded, HostStepped, InBackward, LowBitAdamWConfig,
     MasterWeights, MomentBits, train_step,
 };
 use common::{devices, parameters};
@@ -84,6 +85,14 @@ fn both<O: Optimizer>(optimizer: O, device: &Device) -> [ModuleOptimizer; 2] {
     ]
 }
 
+/// `optimizer` as it is and stepped on the host, for the parameters on `device`.
+fn stepped<O: Optimizer>(optimizer: O, device: &Device) -> [ModuleOptimizer; 2] {
+    [
+        optimizer.clone().into(),
+        HostStepped::new(optimizer, device).unwrap().into(),
+    ]
+}
+
 /// Burn's AdamW, the fused one, 4-bit moments and master weights: each offloaded run is the
 /// run on the device, bit for bit, after backward and in backward.
 #[test]
@@ -122,8 +131,45 @@ fn offloaded_updates_are_the_devices_bit_for_bit() {
     }
 }
 
-/// Between steps the device holds the weights and no state: the offloaded AdamW leaves what
-/// stateless SGD leaves, the same AdamW on the device 8 bytes per value more.
+/// The update stepped on the host is the update on the device: Burn's AdamW, the fused one and
+/// 4-bit moments, after backward and in backward. Not bit for bit: the host's and the device's
+/// element-wise arithmetic may round differently (lavapipe's and Flex's agree bit for bit).
+#[test]
+fn stepped_updates_are_the_devices() {
+    let _turn = common::take_turn();
+    for device in offload_devices() {
+        let device = device.autodiff();
+        let fused = FusedAdamWConfig::new().with_weight_decay(0.1);
+        let cases: [(&str, [ModuleOptimizer; 2]); 3] = [
+            ("burn adamw", stepped(AdamWConfig::new().build(), &device)),
+            ("fused adamw", stepped(fused.build(), &device)),
+            (
+                "4-bit adamw",
+                stepped(
+                    LowBitAdamWConfig::new(MomentBits::Four)
+                        .with_adamw(fused.clone())
+                        .build(),
+                    &device,
+                ),
+            ),
+        ];
+        for (name, [mut on_device, mut on_host]) in cases {
+            for in_backward in [None, Some(InBackward::new())] {
+                let in_backward = in_backward.as_ref();
+                let want = train(model(&device), &mut on_device, 0..4, in_backward);
+                let got = train(model(&device), &mut on_host, 0..4, in_backward);
+                for (got, want) in parameters(&got).into_iter().zip(parameters(&want)) {
+                    let what = format!("{name}, in backward: {}", in_backward.is_some());
+                    common::assert_close(&what, &device, 1e-6, got, want);
+                }
+            }
+        }
+    }
+}
+
+/// Between steps the device holds the weights and no state: the offloaded AdamW and the one
+/// stepped on the host leave what stateless SGD leaves, the same AdamW on the device 8 bytes per
+/// value more.
 #[test]
 fn no_state_stays_on_the_device() {
     let _turn = common::take_turn(); // live bytes of the shared device
@@ -140,7 +186,9 @@ fn no_state_stays_on_the_device() {
         let fused = FusedAdamWConfig::new().build();
         let stateless = live_after_steps(SgdConfig::new().init());
         let on_device = live_after_steps(fused.clone().into());
-        let offloaded = live_after_steps(HostOffloaded::new(fused, &device).unwrap().into());
+        let offloaded =
+            live_after_steps(HostOffloaded::new(fused.clone(), &device).unwrap().into());
+        let stepped = live_after_steps(HostStepped::new(fused, &device).unwrap().into());
         let state = 8 * VALUES as i64;
         // Within a tenth of the state: the pools round each buffer up.
         assert!(
@@ -148,26 +196,34 @@ fn no_state_stays_on_the_device() {
             "on the device: {} B of state, want {state}",
             on_device - stateless
         );
-        assert!(
-            (offloaded - stateless).abs() < state / 10,
-            "offloaded: {} B left on the device",
-            offloaded - stateless
-        );
+        for (name, live) in [("offloaded", offloaded), ("stepped on the host", stepped)] {
+            assert!(
+                (live - stateless).abs() < state / 10,
+                "{name}: {} B left on the device",
+                live - stateless
+            );
+        }
     }
 }
 
 /// A run stopped after 3 steps and resumed from the model's and the optimizer's records
-/// continues bit for bit; loading the record puts nothing on the device.
+/// continues bit for bit, offloaded or stepped on the host; loading the record puts nothing on
+/// the device.
 #[test]
 fn an_offloaded_record_resumes_exactly_from_host_memory() {
     let _turn = common::take_turn();
-    for device in offload_devices() {
+    for (device, on_host) in offload_devices()
+        .into_iter()
+        .flat_map(|d| [(d.clone(), false), (d, true)])
+    {
         let meter = MemoryMeter::new(&device);
         let device = device.autodiff();
         let offloaded = || -> ModuleOptimizer {
-            HostOffloaded::new(FusedAdamWConfig::new().build(), &device)
-                .unwrap()
-                .into()
+            let fused = FusedAdamWConfig::new().build();
+            match on_host {
+                false => HostOffloaded::new(fused, &device).unwrap().into(),
+                true => HostStepped::new(fused, &device).unwrap().into(),
+            }
         };
         let in_backward = InBackward::new();
         let mut optimizer = offloaded();
@@ -192,17 +248,27 @@ fn an_offloaded_record_resumes_exactly_from_host_memory() {
             3..6,
             Some(&InBackward::new()),
         );
-        assert_eq!(parameters(&got), parameters(&want));
+        assert_eq!(
+            parameters(&got),
+            parameters(&want),
+            "stepped on the host: {on_host}"
+        );
         drop(halfway);
     }
 }
 
-/// On Flex, with autodiff or without, the offload is refused and says why.
+/// On Flex, with autodiff or without, both offloads are refused and say why.
 #[test]
 fn offloading_from_the_host_is_refused() {
     for device in [Device::flex(), Device::flex().autodiff()] {
-        let error = HostOffloaded::new(FusedAdamWConfig::new().build(), &device).unwrap_err();
-        assert!(matches!(error, HostOffloadError::HostIsTheDevice(_)));
-        assert!(error.to_string().contains("train without the offload"));
+        let fused = FusedAdamWConfig::new().build();
+        let errors = [
+            HostOffloaded::new(fused.clone(), &device).unwrap_err(),
+            HostStepped::new(fused, &device).unwrap_err(),
+        ];
+        for error in errors {
+            assert!(matches!(error, HostOffloadError::HostIsTheDevice(_)));
+            assert!(error.to_string().contains("train without the offload"));
+        }
     }
 }

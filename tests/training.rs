@@ -3,7 +3,7 @@
 mod common;
 
 use burn::prelude::*;
-use burn_memwall::optim::{BlockOrder, MomentBits};
+use burn_memwall::optim::{BlockOrder, HostOffload, MomentBits};
 use burn_memwall_models::Error;
 use burn_memwall_models::checkpoint::{load_safetensors, save_safetensors};
 use burn_memwall_models::data::{Corpus, DEFAULT_CORPUS, TextTokenizer};
@@ -809,6 +809,14 @@ fn stacks_resolve_to_their_switches() {
             LinearKind::Dense,
             StepOptimizer::InBackwardFusedAdamW,
         ),
+        (
+            "memwall-host-update",
+            Flash,
+            Fused,
+            BlockKind::Reversible,
+            LinearKind::Dense,
+            StepOptimizer::InBackwardFusedAdamW,
+        ),
     ];
     assert_eq!(Stack::ALL.len(), want.len());
     for (name, attention, loss, blocks, linear, optimizer) in want {
@@ -820,11 +828,12 @@ fn stacks_resolve_to_their_switches() {
             block_coordinate,
             "{name}"
         );
-        assert_eq!(
-            stack.switches().host_offload,
-            name == "memwall-offload",
-            "{name}"
-        );
+        let host_offload = match name {
+            "memwall-offload" => Some(HostOffload::State),
+            "memwall-host-update" => Some(HostOffload::Update),
+            _ => None,
+        };
+        assert_eq!(stack.switches().host_offload, host_offload, "{name}");
         // From a config whose switches are all the other way, so that each one is set.
         let mut config = model_config()
             .with_attention(if attention == Flash {
@@ -934,10 +943,12 @@ fn stack_run(stack: Stack, epochs: usize) -> RunConfig {
     config
 }
 
-/// `memwall-offload` through the Learner on a device with memory of its own (lavapipe in CI):
-/// the same losses as `memwall`, bit for bit; resumed after epoch 2 it continues exactly, and
-/// so does `memwall`'s checkpoint resumed with the offload turned on (the records are the
-/// same). On Flex the run is refused before it starts, saying why.
+/// `memwall-offload` and `memwall-host-update` through the Learner on a device with memory of
+/// its own (lavapipe in CI): the same losses as `memwall` (bit for bit offloaded, within float
+/// rounding with the update on the host); resumed after epoch 2 each continues, and so does
+/// `memwall`'s checkpoint resumed with the state offloaded (the records are the same), while
+/// turning the update on the host on at a resume is refused (its records keep masters). On
+/// Flex the run is refused before it starts, saying why.
 #[test]
 fn offloaded_training_is_memwalls_through_the_learner() {
     let _turn = common::take_turn();
@@ -983,9 +994,33 @@ fn offloaded_training_is_memwalls_through_the_learner() {
         .unwrap();
         assert_eq!(losses(&resumed), losses(&memwall)[2..]);
 
+        let (stepped_dir, stepped) = fresh(Stack::MemwallHostUpdate, 2);
+        assert_close_losses(&losses(&stepped), &losses(&memwall)[..2]);
+        let resumed = run(
+            &stack_run(Stack::MemwallHostUpdate, 3),
+            &device,
+            &Artifacts::new(stepped_dir.path()),
+            &Start::resume(),
+        )
+        .unwrap();
+        assert_close_losses(&losses(&resumed), &losses(&memwall)[2..]);
+
         let (memwall_dir, _) = fresh(Stack::Memwall, 2);
+        let mut stepped_on_host = stack_run(Stack::Memwall, 3);
+        stepped_on_host.training.host_offload = Some(HostOffload::Update);
+        let error = run(
+            &stepped_on_host,
+            &device,
+            &Artifacts::new(memwall_dir.path()),
+            &Start::Resume {
+                allow_change: vec!["host_offload".into()],
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("cannot change between them"), "{error}");
         let mut with_offload = stack_run(Stack::Memwall, 3);
-        with_offload.training.host_offload = true;
+        with_offload.training.host_offload = Some(HostOffload::State);
         let resumed = run(
             &with_offload,
             &device,
@@ -996,6 +1031,17 @@ fn offloaded_training_is_memwalls_through_the_learner() {
         )
         .unwrap();
         assert_eq!(losses(&resumed), losses(&memwall)[2..]);
+    }
+}
+
+/// `got` within float rounding of `want`: the host's arithmetic and a GPU's may round apart
+/// (lavapipe's and Flex's agree bit for bit).
+fn assert_close_losses(got: &[(f64, f64)], want: &[(f64, f64)]) {
+    assert_eq!(got.len(), want.len());
+    for (got, want) in got.iter().zip(want) {
+        for (got, want) in [(got.0, want.0), (got.1, want.1)] {
+            assert!((got - want).abs() <= 1e-5 * want.abs(), "{got} vs {want}");
+        }
     }
 }
 

@@ -946,7 +946,7 @@ fn trained_step_budget(
         });
     }
     let coding = Coding::modelled(config, shape, memory)?;
-    if optimizer.state_on_host && memory == DeviceMemory::Heap {
+    if optimizer.host_offload.is_some() && memory == DeviceMemory::Heap {
         return Err(Error::InvalidConfig(
             "optimizer state in host memory needs a device with memory of its own: on Flex the \
              device's memory is the host's, and the offload is refused"

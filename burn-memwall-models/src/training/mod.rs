@@ -23,7 +23,8 @@ use burn::train::metric::{LearningRateMetric, LossMetric};
 use burn::train::{Interrupter, Learner, SupervisedTraining, TrainingStrategy};
 use burn_memwall::memory::MemoryMeter;
 use burn_memwall::optim::{
-    CheckpointFiles, InBackwardTraining, LossScale, LossScaleConfig, LossScaleRecord, StepMemory,
+    CheckpointFiles, HostOffload, InBackwardTraining, LossScale, LossScaleConfig, LossScaleRecord,
+    StepMemory,
 };
 
 pub use curve::LossCurve;
@@ -83,9 +84,9 @@ pub struct TrainingConfig {
     /// one block only.
     pub block_coordinate: Option<BlockSchedule>,
     /// Keep the optimizer's state in host memory between updates
-    /// ([`burn_memwall::optim::HostOffloaded`]): devices with memory of their own only.
-    #[config(default = false)]
-    pub host_offload: bool,
+    /// ([`burn_memwall::optim::HostOffloaded`]), or keep it there and run the update there
+    /// too ([`burn_memwall::optim::HostStepped`]): devices with memory of their own only.
+    pub host_offload: Option<HostOffload>,
     /// Seeds the weights and the data order.
     #[config(default = 42)]
     pub seed: u64,
@@ -117,7 +118,7 @@ impl TrainingConfig {
             self.precision,
             self.seed,
             loss_scale,
-            self.host_offload.then_some(device),
+            self.host_offload.map(|offload| (offload, device)),
         )
     }
 
@@ -129,7 +130,8 @@ impl TrainingConfig {
     /// The settings a resume may change on purpose (`Start::Resume`'s `allow_change`): each
     /// takes effect from the resumed step on and leaves the checkpoint's state valid (Burn's
     /// scheduler records hold step counts, not rates; an optimizer's records are the same with
-    /// its state in host memory or on the device).
+    /// its state in host memory or on the device, but for the update on the host, whose masters
+    /// they keep: no resume turns that one on or off).
     pub const RESUME_MAY_CHANGE: [&str; 5] = [
         "learning_rate",
         "final_learning_rate",
@@ -845,6 +847,15 @@ fn resume_point(
             listed(&refused),
             TrainingConfig::RESUME_MAY_CHANGE.join(", ")
         )));
+    }
+    let stepped_on_host =
+        |training: &TrainingConfig| training.host_offload == Some(HostOffload::Update);
+    if stepped_on_host(&record.run.training) != stepped_on_host(&run.training) {
+        return Err(refuse(
+            "the update on the host keeps an f32 master of each weight in its optimizer's \
+             records, the update on the device does not: a resume cannot change between them"
+                .into(),
+        ));
     }
 
     let mut skipped = Vec::new();

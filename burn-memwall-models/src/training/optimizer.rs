@@ -6,8 +6,9 @@ use burn::tensor::FloatDType;
 use burn_memwall::memory::budget::{Moments, OptimizerPlan, UpdateTiming};
 use burn_memwall::optim::{
     BlockCoordinate, BlockCoordinateConfig, BlockOrder, FusedAdamWConfig, FusedSgdConfig,
-    HalfPrecisionUpdate, HostOffloaded, InBackward, InactiveState, LossScale, LossScaled,
-    LowBitAdamWConfig, MasterWeights, MomentBits, StochasticRounding,
+    HalfPrecisionUpdate, HostOffload, HostOffloadError, HostOffloaded, HostStepped, InBackward,
+    InactiveState, LossScale, LossScaled, LowBitAdamWConfig, MasterWeights, MomentBits,
+    StochasticRounding,
 };
 use serde::{Deserialize, Serialize};
 
@@ -100,24 +101,25 @@ pub enum StepOptimizer {
 impl StepOptimizer {
     /// The optimizer, with AdamW's decoupled `weight_decay` (SGD takes none), for weights in
     /// `precision` (stochastic roundings drawn under `seed`), given gradients of losses scaled by
-    /// `loss_scale` if one is given, its state in host memory between updates when
-    /// `offload_from` names the parameters' device.
+    /// `loss_scale` if one is given, with what `offload` says in host memory for parameters on
+    /// the device it names.
     ///
     /// # Errors
-    /// An offload from a device that computes in host memory (Flex).
+    /// An offload from a device that computes in host memory (Flex); the update on the host
+    /// for weights rounded stochastically (it keeps f32 masters).
     pub fn init(
         self,
         weight_decay: f32,
         precision: Precision,
         seed: u64,
         loss_scale: Option<&LossScale>,
-        offload_from: Option<&Device>,
+        offload: Option<(HostOffload, &Device)>,
     ) -> Result<ModuleOptimizer, Error> {
         let decorations = Decorations {
             precision,
             seed,
             loss_scale,
-            offload_from,
+            offload,
         };
         match self {
             Self::AdamW | Self::InBackwardAdamW => {
@@ -168,7 +170,7 @@ impl StepOptimizer {
             ),
             half_precision,
             one_block_at_a_time: None,
-            state_on_host: false,
+            host_offload: None,
         }
     }
 
@@ -221,29 +223,41 @@ struct Decorations<'a> {
     /// Seeds stochastic roundings.
     seed: u64,
     loss_scale: Option<&'a LossScale>,
-    /// The parameters' device, when the state is kept in host memory between updates.
-    offload_from: Option<&'a Device>,
+    /// What lives in host memory, and the parameters' device.
+    offload: Option<(HostOffload, &'a Device)>,
 }
 
 impl Decorations<'_> {
     /// `optimizer` as it is in f32, decorated for half precision, its state (with the masters)
-    /// offloaded, and unscaling the gradients of scaled losses first.
+    /// offloaded, and unscaling the gradients of scaled losses first. The update on the host
+    /// keeps f32 masters of its own, whatever the weights' precision.
     fn apply<O: Optimizer>(&self, optimizer: O) -> Result<ModuleOptimizer, Error> {
-        match self.precision.half_update() {
-            None => self.placed(optimizer),
-            Some(HalfPrecisionUpdate::Masters) => self.placed(MasterWeights::new(optimizer)),
-            Some(HalfPrecisionUpdate::StochasticRounding) => {
+        match (self.offload, self.precision.half_update()) {
+            (Some((HostOffload::Update, device)), None | Some(HalfPrecisionUpdate::Masters)) => {
+                Ok(self.unscaled(HostStepped::new(optimizer, device).map_err(refused)?))
+            }
+            (Some((HostOffload::Update, _)), Some(HalfPrecisionUpdate::StochasticRounding)) => {
+                Err(Error::InvalidConfig(
+                    "the update on the host keeps an f32 master of each weight, so there is \
+                     nothing to round stochastically: use the masters update of half-precision \
+                     weights with it"
+                        .into(),
+                ))
+            }
+            (_, None) => self.placed(optimizer),
+            (_, Some(HalfPrecisionUpdate::Masters)) => self.placed(MasterWeights::new(optimizer)),
+            (_, Some(HalfPrecisionUpdate::StochasticRounding)) => {
                 self.placed(StochasticRounding::new(optimizer, self.seed as u32))
             }
         }
     }
 
+    /// `optimizer` with its state in host memory between updates if the offload says so.
     fn placed<O: Optimizer>(&self, optimizer: O) -> Result<ModuleOptimizer, Error> {
-        Ok(match self.offload_from {
-            Some(device) => self.unscaled(
-                HostOffloaded::new(optimizer, device)
-                    .map_err(|error| Error::InvalidConfig(error.to_string()))?,
-            ),
+        Ok(match self.offload {
+            Some((_, device)) => {
+                self.unscaled(HostOffloaded::new(optimizer, device).map_err(refused)?)
+            }
             None => self.unscaled(optimizer),
         })
     }
@@ -254,4 +268,9 @@ impl Decorations<'_> {
             None => optimizer.into(),
         }
     }
+}
+
+/// An offload refused on this device, as the run's error.
+fn refused(error: HostOffloadError) -> Error {
+    Error::InvalidConfig(error.to_string())
 }

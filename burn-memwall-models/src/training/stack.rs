@@ -3,7 +3,7 @@
 
 use burn_memwall::memory::budget::OptimizerPlan;
 use burn_memwall::ops::saved_rows::SavedPrecision;
-use burn_memwall::optim::{HalfPrecisionUpdate, MomentBits};
+use burn_memwall::optim::{HalfPrecisionUpdate, HostOffload, MomentBits};
 
 use crate::Error;
 use crate::lm::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, SaverKind};
@@ -39,11 +39,15 @@ pub enum Stack {
     /// on the device, the state of the parameter being updated only. Devices with memory of
     /// their own only (refused on Flex).
     MemwallOffload,
+    /// `memwall` with its update run on the host (`HostStepped`): the state and an f32 master
+    /// of each weight in host memory, no state on the device; each update reads a gradient
+    /// back and writes a weight. Devices with memory of their own only (refused on Flex).
+    MemwallHostUpdate,
 }
 
 impl Stack {
     /// Every stack, baseline first.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Baseline,
         Self::Memwall,
         Self::MemwallSgd,
@@ -52,6 +56,7 @@ impl Stack {
         Self::MemwallAdam4,
         Self::MemwallBadam,
         Self::MemwallOffload,
+        Self::MemwallHostUpdate,
     ];
 
     /// The name on the command line.
@@ -65,6 +70,7 @@ impl Stack {
             Self::MemwallAdam4 => "memwall-adam4",
             Self::MemwallBadam => "memwall-badam",
             Self::MemwallOffload => "memwall-offload",
+            Self::MemwallHostUpdate => "memwall-host-update",
         }
     }
 
@@ -93,7 +99,7 @@ impl Stack {
             saved_precision: SavedPrecision::Full,
             optimizer: StepOptimizer::AdamW,
             block_coordinate: None,
-            host_offload: false,
+            host_offload: None,
         };
         const MEMWALL: Switches = Switches {
             attention: AttentionKind::Flash,
@@ -104,7 +110,7 @@ impl Stack {
             saved_precision: SavedPrecision::Full,
             optimizer: StepOptimizer::InBackwardFusedAdamW,
             block_coordinate: None,
-            host_offload: false,
+            host_offload: None,
         };
         match self {
             Self::Baseline => BASELINE,
@@ -130,7 +136,11 @@ impl Stack {
                 ..MEMWALL
             },
             Self::MemwallOffload => Switches {
-                host_offload: true,
+                host_offload: Some(HostOffload::State),
+                ..MEMWALL
+            },
+            Self::MemwallHostUpdate => Switches {
+                host_offload: Some(HostOffload::Update),
                 ..MEMWALL
             },
         }
@@ -156,8 +166,8 @@ pub struct Switches {
     pub optimizer: StepOptimizer,
     /// Whether the model trains one block at a time, and how.
     pub block_coordinate: Option<BlockSchedule>,
-    /// Whether the optimizer's state stays in host memory between updates.
-    pub host_offload: bool,
+    /// What of the optimizer stays in host memory, if anything.
+    pub host_offload: Option<HostOffload>,
 }
 
 impl Switches {
@@ -167,7 +177,7 @@ impl Switches {
             one_block_at_a_time: self
                 .block_coordinate
                 .map(|schedule| schedule.inactive_state),
-            state_on_host: self.host_offload,
+            host_offload: self.host_offload,
             ..self.optimizer.plan(half_precision)
         }
     }

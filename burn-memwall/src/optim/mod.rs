@@ -9,7 +9,8 @@
 //! - [`BlockCoordinate`]: one block of parameters trains at a time (BAdam), so that optimizer
 //!   state exists for that block only.
 //! - [`HostOffloaded`]: any of them with its state in host memory between updates, on devices
-//!   with memory of their own.
+//!   with memory of their own; [`HostStepped`]: with its state and an f32 master of each weight
+//!   in host memory, and the update run there.
 //! - [`MasterWeights`], [`StochasticRounding`]: any of them for weights stored in bf16 or f16,
 //!   with an f32 master copy or with stochastic rounding and no copy; [`LossScaled`] with a
 //!   [`LossScale`] keeps f16 gradients in range.
@@ -42,7 +43,10 @@ pub use half_precision::{
     HalfPrecisionUpdate, MasterWeights, MasterWeightsState, StochasticRounding,
     StochasticRoundingState,
 };
-pub use host_offload::{HostOffloadError, HostOffloaded, HostOffloadedState};
+pub(crate) use host_offload::TRANSFER_CHUNK_BYTES;
+pub use host_offload::{
+    HostOffload, HostOffloadError, HostOffloaded, HostOffloadedState, HostStepped,
+};
 pub use in_backward::{
     CheckpointFiles, InBackward, InBackwardError, InBackwardTraining, StepCounts, StepMemory,
     train_step,
