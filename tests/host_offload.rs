@@ -167,6 +167,39 @@ fn stepped_updates_are_the_devices() {
     }
 }
 
+/// A weight larger than a transfer chunk (4 MiB: its 1100 rows of 4 KiB move as 1024 and 76)
+/// is read back and written whole: the update on the host is the device's for every row.
+#[test]
+fn a_weight_larger_than_a_chunk_moves_whole() {
+    let _turn = common::take_turn();
+    for device in offload_devices() {
+        let device = device.autodiff();
+        let (rows, columns) = (1100, 1024);
+        let layer = || {
+            let host = Device::flex();
+            host.seed(3);
+            let drawn = LinearConfig::new(rows, columns).init(&host).into_record();
+            LinearConfig::new(rows, columns)
+                .init(&device)
+                .load_record(drawn)
+        };
+        let step = |layer: Linear, optimizer: &mut ModuleOptimizer, step: usize| {
+            let input = common::host_tensor([2, rows], step as f32, &device);
+            let loss = layer.forward(input).powi_scalar(2).mean();
+            train_step(None, optimizer, 1e-2, layer, loss).unwrap()
+        };
+        let [mut on_device, mut on_host] = stepped(FusedAdamWConfig::new().build(), &device);
+        let (mut want, mut got) = (layer(), layer());
+        for s in 0..2 {
+            want = step(want, &mut on_device, s);
+            got = step(got, &mut on_host, s);
+        }
+        for (got, want) in parameters(&got).into_iter().zip(parameters(&want)) {
+            common::assert_close("a weight of two chunks", &device, 1e-6, got, want);
+        }
+    }
+}
+
 /// Between steps the device holds the weights and no state: the offloaded AdamW and the one
 /// stepped on the host leave what stateless SGD leaves, the same AdamW on the device 8 bytes per
 /// value more.
