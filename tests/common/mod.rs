@@ -37,6 +37,30 @@ pub fn take_turn() -> std::sync::MutexGuard<'static, ()> {
     TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Runs this binary's ignored test `name` in a child process of its own and fails with its
+/// output if it fails. For heap readings on Flex in a binary whose other tests run on wgpu:
+/// the wgpu runtime's threads allocate and free on their own schedule, which moves the
+/// process-wide counts inside a measured window (CI read a 2 MiB state 2 MiB short).
+pub fn run_alone(name: &str) {
+    let output = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args([
+            name,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .output()
+        .expect("the test binary runs again");
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    assert!(
+        output.status.success() && text(&output.stdout).contains("test result: ok. 1 passed"),
+        "`{name}` alone:\n{}\n{}",
+        text(&output.stdout),
+        text(&output.stderr)
+    );
+}
+
 /// A folder that is removed when dropped.
 pub fn temp_dir() -> tempfile::TempDir {
     tempfile::tempdir().expect("a temporary folder")
