@@ -17,9 +17,9 @@
 
 use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
-use burn_memwall::memory::budget::{DeviceMemory, OptimizerPlan};
+use burn_memwall::memory::budget::DeviceMemory;
 use burn_memwall::memory::{CountingAllocator, human_bytes};
-use burn_memwall::optim::{HalfPrecisionUpdate, HostOffload, InactiveState};
+use burn_memwall::optim::{HostOffload, InactiveState};
 use burn_memwall_models::data::{TextTokenizer, load_text};
 use burn_memwall_models::lm::{LmConfig, LoraConfig, human_count, parameter_census, step_budget};
 use burn_memwall_models::training::{
@@ -356,29 +356,8 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
     let predicted_peak_bytes = step_budget(&config, &plan, shape, DeviceMemory::of(&device))
         .ok()
         .map(|budget| budget.peak());
-    let host_state_bytes = match (plan.host_offload, plan.one_block_at_a_time) {
-        (None, _) => Some(0),
-        (Some(_), Some(InactiveState::Dropped)) => None,
-        (Some(offload), None | Some(InactiveState::Kept)) => {
-            let census = parameter_census(&config, shape.float, shape.lora_rank);
-            // The update on the host keeps an f32 master of each weight beside the state.
-            let masters = match (offload, plan.half_precision) {
-                (HostOffload::Update, None) => census.trained.iter().sum(),
-                _ => 0,
-            };
-            let on_device = OptimizerPlan {
-                host_offload: None,
-                half_precision: match offload {
-                    HostOffload::Update => {
-                        plan.half_precision.map(|_| HalfPrecisionUpdate::Masters)
-                    }
-                    HostOffload::State => plan.half_precision,
-                },
-                ..plan
-            };
-            Some(on_device.state(&census).bytes() + masters)
-        }
-    };
+    let host_state_bytes =
+        plan.host_bytes(&parameter_census(&config, shape.float, shape.lora_rank));
     Ok(Row {
         stack: name,
         device: describe(&device),

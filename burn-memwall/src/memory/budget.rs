@@ -603,6 +603,30 @@ impl OptimizerPlan {
         )
     }
 
+    /// Bytes the offload keeps in host memory: every trained parameter's state, and with the
+    /// update on the host an f32 master of each weight whatever its precision; 0 without an
+    /// offload. `None` when one block's state at a time is kept there (its size changes with
+    /// the block).
+    pub fn host_bytes(&self, census: &ParameterCensus) -> Option<u64> {
+        let offload = match (self.host_offload, self.one_block_at_a_time) {
+            (None, _) => return Some(0),
+            (Some(_), Some(InactiveState::Dropped)) => return None,
+            (Some(offload), None | Some(InactiveState::Kept)) => offload,
+        };
+        // As the state on the device would be, with `HostStepped`'s masters where it keeps them.
+        let (half_precision, f32_masters) = match (offload, self.half_precision) {
+            (HostOffload::Update, None) => (None, census.trained.iter().sum()),
+            (HostOffload::Update, Some(_)) => (Some(HalfPrecisionUpdate::Masters), 0),
+            (HostOffload::State, half_precision) => (half_precision, 0),
+        };
+        let on_device = OptimizerPlan {
+            host_offload: None,
+            half_precision,
+            ..*self
+        };
+        Some(on_device.state(census).bytes() + f32_masters)
+    }
+
     /// The gradients alive at once: every trained parameter's when backward ends, or the
     /// largest one's when each is applied in backward.
     pub fn gradients(&self, census: &ParameterCensus) -> Term {
@@ -805,6 +829,33 @@ mod tests {
             let replaced = on_host.replaced_parameters(&census, DeviceMemory::Pools);
             assert_eq!(replaced.bytes(), 0);
         }
+    }
+
+    /// In host memory: the whole state (1600 B of moments), with the update on the host the
+    /// f32 masters too (800 B, or for half-precision weights 1600 B of masters beside 3200 B
+    /// of moments), nothing without an offload, and no fixed size for one block's state.
+    #[test]
+    fn the_host_keeps_the_state_and_the_update_its_masters() {
+        let census = census();
+        let with = |host_offload, half_precision, one_block_at_a_time| {
+            OptimizerPlan {
+                host_offload,
+                half_precision,
+                one_block_at_a_time,
+                ..plan(UpdateTiming::InBackward, true)
+            }
+            .host_bytes(&census)
+        };
+        let (state, update) = (Some(HostOffload::State), Some(HostOffload::Update));
+        assert_eq!(with(None, None, None), Some(0));
+        assert_eq!(with(state, None, None), Some(1600));
+        assert_eq!(with(update, None, None), Some(1600 + 800));
+        let masters = Some(HalfPrecisionUpdate::Masters);
+        assert_eq!(with(update, masters, None), Some(3 * 1600));
+        let rounded = Some(HalfPrecisionUpdate::StochasticRounding);
+        assert_eq!(with(update, rounded, None), Some(3 * 1600));
+        assert_eq!(with(state, None, Some(InactiveState::Dropped)), None);
+        assert_eq!(with(state, None, Some(InactiveState::Kept)), Some(1600));
     }
 
     #[test]
