@@ -182,7 +182,11 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
         }
         let params = trained_params(self);
         if params.is_empty() && !x.is_tracked() {
-            return Ok(self.forward_plain(x));
+            // Nothing owes a gradient. Outside autodiff: its untracked ops would keep what they
+            // read (activations, and the copies of weights kept in host memory) until a
+            // backward pass.
+            let (f, g) = (detached(&self.f), detached(&self.g));
+            return Ok(Tensor::from_inner(run_blocks(&f, &g, x.inner(), |_, _| {})));
         }
         if !self.checked.load(Ordering::Relaxed) {
             self.check_deterministic(&x)?;
@@ -272,38 +276,41 @@ impl<F: Module + ModuleDisplay, G: Module + ModuleDisplay> ReversibleSequence<F,
         let probe = (0..D - 1).fold(x.clone().inner(), |probe, dim| {
             probe.narrow(dim, 0, dims[dim].min(2))
         });
-        let [x1, x2] = halves(Tensor::from_inner(probe).require_grad());
-        let mut outputs = Vec::new();
         let tolerance = SAME_UP_TO_ROUNDING.max(4.0 * unit_spacing(x.dtype()));
-        let mut relative_difference = |a: Tensor<D>, b: Tensor<D>| {
+        let relative_difference = |a: &Tensor<D>, b: &Tensor<D>| {
             let apart = (a.clone() - b.clone()).abs().max().into_scalar::<f32>();
             let largest = a.clone().abs().max().into_scalar::<f32>();
-            outputs.push((a + b).sum());
             apart / largest.max(f32::MIN_POSITIVE)
         };
         let (f, g) = (untracked(&self.f), untracked(&self.g));
-        let mut result = Ok(());
-        'blocks: for (block, (f, g)) in f.iter().zip(&g).enumerate() {
+        for (block, (f, g)) in f.iter().zip(&g).enumerate() {
+            // A leaf of each block's own graph, which its backward consumes.
+            let [x1, x2] = halves(Tensor::from_inner(probe.clone()).require_grad());
             let evaluations = [
                 ("F", f.forward(x2.clone()), f.forward(x2.clone())),
                 ("G", g.forward(x1.clone()), g.forward(x1.clone())),
             ];
+            let mut outputs = Vec::new();
+            let mut result = Ok(());
             for (function, a, b) in evaluations {
-                let difference = relative_difference(a, b);
-                if difference.is_nan() || difference > tolerance {
+                let difference = relative_difference(&a, &b);
+                outputs.push((a + b).sum());
+                if result.is_ok() && (difference.is_nan() || difference > tolerance) {
                     result = Err(ReversibleError::NotDeterministic {
                         block,
                         function,
                         difference,
                     });
-                    break 'blocks;
                 }
             }
+            // Block by block, so that the graph holds one block's weights at a time (copies,
+            // for weights kept in host memory).
+            if let Some(total) = outputs.into_iter().reduce(|a, b| a + b) {
+                drop(total.backward());
+            }
+            result?;
         }
-        if let Some(total) = outputs.into_iter().reduce(|a, b| a + b) {
-            drop(total.backward());
-        }
-        result
+        Ok(())
     }
 }
 
