@@ -231,27 +231,11 @@ fn the_learner_keeps_the_in_backward_gain_on_wgpu() {
 
 /// Runs [`measure_one_wgpu_stack`] for `stack` in a child process and returns its report.
 fn wgpu_child(stack: &str) -> String {
-    let output = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "measure_one_wgpu_stack",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env(STACK_VARIABLE, stack)
-        .output()
-        .expect("the test binary runs again");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let report = stdout
-        .lines()
-        .find_map(|line| line.strip_prefix(REPORT_PREFIX));
-    match report.filter(|_| output.status.success()) {
-        Some(report) => report.to_owned(),
-        None => panic!(
-            "measuring {stack} failed:\n{stdout}\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        ),
-    }
+    common::child_report(
+        "measure_one_wgpu_stack",
+        (STACK_VARIABLE, stack),
+        REPORT_PREFIX,
+    )
 }
 
 #[test]

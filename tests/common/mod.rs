@@ -61,6 +61,27 @@ pub fn run_alone(name: &str) {
     );
 }
 
+/// Runs the `#[ignore]`d test `name` of this binary in a child process with `variable` set to
+/// `value`, and returns what follows `prefix` on the line it printed its report on; fails with
+/// the child's output when it failed or printed none. For measurements that need a process of
+/// their own (a Cube pool's peak cannot be reset).
+pub fn child_report(name: &str, (variable, value): (&str, &str), prefix: &str) -> String {
+    let output = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args([name, "--exact", "--ignored", "--nocapture"])
+        .env(variable, value)
+        .output()
+        .expect("the test binary runs again");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report = stdout.lines().find_map(|line| line.strip_prefix(prefix));
+    match report.filter(|_| output.status.success()) {
+        Some(report) => report.to_owned(),
+        None => panic!(
+            "`{name}` with {variable}={value} failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    }
+}
+
 /// A folder that is removed when dropped.
 pub fn temp_dir() -> tempfile::TempDir {
     tempfile::tempdir().expect("a temporary folder")
