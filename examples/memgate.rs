@@ -81,6 +81,11 @@ struct Args {
     /// its next turn instead of dropping it.
     #[arg(long)]
     keep_block_state: bool,
+    /// For the stacks that train one block at a time: keep the weights of the blocks not
+    /// training in host memory (the row is named `STACK+weights-on-host`); devices with memory
+    /// of their own only.
+    #[arg(long)]
+    weights_on_host: bool,
     /// Keep every stack's optimizer state in host memory: `state` (the default) between
     /// updates (its row is named `STACK+offload`), `update` with the update on the host too
     /// (`STACK+host-update`); devices with memory of their own only.
@@ -312,13 +317,17 @@ fn run_stack(args: &Args, name: &str) -> Result<Row, Box<dyn std::error::Error>>
     if let (Some(schedule), true) = (&mut switches.block_coordinate, args.keep_block_state) {
         schedule.inactive_state = InactiveState::Kept;
     }
-    let name = match args.offload {
+    let mut name = match args.offload {
         Some(offload) if switches.host_offload != Some(offload) => match offload {
             HostOffload::State => format!("{name}+offload"),
             HostOffload::Update => format!("{name}+host-update"),
         },
         _ => name.to_owned(),
     };
+    if let (Some(schedule), true) = (&mut switches.block_coordinate, args.weights_on_host) {
+        schedule.weights_on_host = true;
+        name.push_str("+weights-on-host");
+    }
     switches.host_offload = args.offload.or(switches.host_offload);
     if let Some(tie) = args.tie_embeddings {
         config.tie_embeddings = tie;

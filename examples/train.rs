@@ -165,6 +165,12 @@ struct Args {
     /// (no memory saved) without.
     #[arg(long)]
     keep_block_state: bool,
+    /// With block-coordinate training, keep the weights of the blocks not training in host
+    /// memory (a token table tied to the head stays on the device): each read of one uploads
+    /// a copy for as long as the step needs it. Devices with memory of their own; refused on
+    /// Flex.
+    #[arg(long)]
+    weights_on_host: bool,
     /// Keep the optimizer's state in host memory: `state` (the default) between updates, which
     /// run on the device (memwall-offload: the device holds the state of the parameter being
     /// updated only), or `update`, with the update run on the host from an f32 master of each
@@ -364,7 +370,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(base) = &base_config {
         keep_the_function(&mut switches, base, &args)?;
     }
-    if args.switch_every.is_some() || args.block_order.is_some() || args.keep_block_state {
+    if args.switch_every.is_some()
+        || args.block_order.is_some()
+        || args.keep_block_state
+        || args.weights_on_host
+    {
         let schedule = switches
             .block_coordinate
             .get_or_insert(BlockSchedule::BADAM);
@@ -378,6 +388,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         if args.keep_block_state {
             schedule.inactive_state = InactiveState::Kept;
         }
+        schedule.weights_on_host |= args.weights_on_host;
     }
     switches.host_offload = args.offload.or(switches.host_offload);
     let optimizer = switches.apply(&mut model);
@@ -425,8 +436,14 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         optimizer,
         match switches.block_coordinate {
             Some(schedule) => format!(
-                " one block at a time ({} steps each, {:?}, inactive state {:?})",
-                schedule.switch_every, schedule.order, schedule.inactive_state
+                " one block at a time ({} steps each, {:?}, inactive state {:?}{})",
+                schedule.switch_every,
+                schedule.order,
+                schedule.inactive_state,
+                match schedule.weights_on_host {
+                    true => ", inactive weights in host memory",
+                    false => "",
+                }
             ),
             None => String::new(),
         },

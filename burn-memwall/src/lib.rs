@@ -42,6 +42,7 @@
 #![warn(missing_docs)]
 
 pub mod device;
+mod host;
 pub mod memory;
 pub mod nn;
 pub mod ops;

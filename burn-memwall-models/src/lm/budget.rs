@@ -866,6 +866,50 @@ fn largest_coordinate_block(
     })
 }
 
+/// The weights on the device when those of the blocks not training wait in host memory
+/// (`census` all of them, `stepped` the training block's): the training block's, the token
+/// table when it is tied to the head (pinned), one waiting layer's copies (the reversible
+/// chain's forward reads one block at a time, and its backward recomputes one at a time), and
+/// an untied head's copy when the head waits (the fused loss keeps the head it read for its
+/// backward; with the table training, the larger of the two is counted as the one waiting). A
+/// waiting table is read on the host, its rows only crossing.
+///
+/// # Errors
+/// Standard blocks, whose frozen layers above the training one keep the copies they read
+/// until their backward step: not modelled.
+fn weights_on_the_device(
+    config: &LmConfig,
+    shape: StepShape,
+    census: &ParameterCensus,
+    stepped: &ParameterCensus,
+) -> Result<Term, Error> {
+    if config.blocks != BlockKind::Reversible {
+        return Err(Error::InvalidConfig(
+            "weights in host memory are modelled with reversible blocks only".into(),
+        ));
+    }
+    let largest_layer =
+        largest_coordinate_block(config, shape.lora_rank, TrainedWeights::Layers, census)?;
+    let table = census.trained[0];
+    let (head, waiting_output) = match (config.tie_embeddings, shape.trained) {
+        (true, TrainedWeights::Layers) => (table, 0),
+        (true, _) => (0, 0),
+        (false, TrainedWeights::Layers) => (0, *census.trained.last().unwrap_or(&0)),
+        (false, _) => (0, table.max(*census.trained.last().unwrap_or(&0))),
+    };
+    Ok(Term::of(
+        Pool::Parameters,
+        "the training block's weights, a tied table, one waiting layer's copies and a waiting \
+         head's",
+        stepped
+            .trained
+            .iter()
+            .chain(&largest_layer.trained)
+            .chain([&head, &waiting_output, &census.untrained_bytes])
+            .map(|&bytes| Tensors::new(1, bytes)),
+    ))
+}
+
 /// Elements of one 64×64 tile: flash attention's backward holds a few per query block.
 const SCORE_TILE: u64 = 64 * 64;
 
@@ -1073,8 +1117,8 @@ fn trained_step_budget(
         // The model's and the chain's.
         BlockKind::Reversible => 2,
     };
-    let persistent = [
-        Term::of(
+    let parameters = match optimizer.inactive_weights_on_host {
+        false => Term::of(
             Pool::Parameters,
             "parameters (and counter codes)",
             census
@@ -1082,6 +1126,18 @@ fn trained_step_budget(
                 .iter()
                 .map(|&bytes| Tensors::new(1, bytes))
                 .chain([Tensors::new(1, census.untrained_bytes)]),
+        ),
+        true => weights_on_the_device(config, shape, &census, &stepped)?,
+    };
+    let persistent = [
+        parameters,
+        Term::of(
+            Pool::Backend,
+            "copies the waiting blocks' weights are read back through, one of each size of chunk",
+            match optimizer.inactive_weights_on_host {
+                true => census.read_back_copies(),
+                false => Vec::new(),
+            },
         ),
         Term::new(
             Pool::Backend,

@@ -188,6 +188,15 @@ impl LmConfig {
             .chain(head)
             .collect()
     }
+
+    /// The parameters block-coordinate training keeps on the device while their block waits:
+    /// a token table tied to the head, which the first layer and the loss both read.
+    pub fn coordinate_pinned(&self) -> Option<ParamGroup> {
+        self.tie_embeddings.then(|| {
+            ParamGroup::from_regex(r"^(embedding|coded_embedding)\.")
+                .expect("the model's own path patterns are valid")
+        })
+    }
 }
 
 impl LanguageModel {

@@ -87,6 +87,15 @@ pub fn measure_training_steps(
         .initial_model(&train_device, false)?
         .with_in_backward(optimizer.in_backward())
         .with_loss_scale(loss_scale.clone());
+    let mut block_coordinate = match run.training.block_coordinate {
+        Some(schedule) => Some(schedule.init(config, device)?),
+        None => None,
+    };
+    // A schedule that keeps the waiting blocks' weights in host memory draws them one at a
+    // time and moves them there, so that the device never holds them all.
+    if let Some(schedule) = &mut block_coordinate {
+        model = schedule.place(model);
+    }
     let sizes = initialize_parameters(&model);
     // Gradients of the trained parameters: all at once after backward, or one at a time in it.
     let gradient_bytes = optimizer
@@ -94,10 +103,6 @@ pub fn measure_training_steps(
         .gradients(&sizes)
         .bytes();
     let mut optimizer = run.training.init_optimizer(device, loss_scale.as_ref())?;
-    let mut block_coordinate = match run.training.block_coordinate {
-        Some(schedule) => Some(schedule.init(config)?),
-        None => None,
-    };
     let parameter_bytes = sizes.bytes();
 
     let (mut peak, mut saved_activations) = (0u64, 0u64);
@@ -158,7 +163,7 @@ fn warm_up_runtime(run: &RunConfig, windows: &[Vec<u32>], device: &Device) -> Re
     // Trained one block at a time here too: a Cube pool would keep every block's state reserved.
     if let Some(schedule) = training.block_coordinate {
         model = schedule
-            .init(&run.model)?
+            .init(&run.model, device)?
             .begin_step(model, &mut optimizer, None);
     }
     let loss = model.loss(batch.inputs, batch.targets);

@@ -648,8 +648,14 @@ pub fn train(
         .with_in_backward(in_backward.clone())
         .with_loss_scale(loss_scale.clone());
     // Drawn now, in the model's order, rather than at their first read inside the first step,
-    // where they would be allocated between its activations.
-    measure::initialize_parameters(&model);
+    // where they would be allocated between its activations; a schedule that keeps the waiting
+    // blocks' weights in host memory draws them itself, in the same order, one at a time.
+    if !training
+        .block_coordinate
+        .is_some_and(|schedule| schedule.weights_on_host)
+    {
+        measure::initialize_parameters(&model);
+    }
     let train_loader = DataLoaderBuilder::new(LmBatcher)
         .batch_size(training.batch_size)
         .shuffle(training.seed)
@@ -693,7 +699,7 @@ pub fn train(
         strategy = strategy.with_loss_scale(loss_scale.clone());
     }
     if let Some(schedule) = training.block_coordinate {
-        strategy = strategy.with_block_coordinate(schedule.init(&run.model)?);
+        strategy = strategy.with_block_coordinate(schedule.init(&run.model, device)?);
     }
     let strategy = Arc::new(strategy);
     let mut builder = SupervisedTraining::new(artifacts.dir(), train_loader, valid_loader)

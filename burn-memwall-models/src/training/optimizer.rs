@@ -170,6 +170,7 @@ impl StepOptimizer {
             ),
             half_precision,
             one_block_at_a_time: None,
+            inactive_weights_on_host: false,
             host_offload: None,
         }
     }
@@ -192,6 +193,11 @@ pub struct BlockSchedule {
     /// this setting existed dropped it).
     #[serde(default)]
     pub inactive_state: InactiveState,
+    /// Whether the weights of the blocks not training wait in host memory (a token table tied
+    /// to the head stays on the device); runs recorded before this setting existed kept them
+    /// on the device.
+    #[serde(default)]
+    pub weights_on_host: bool,
 }
 
 impl BlockSchedule {
@@ -200,19 +206,28 @@ impl BlockSchedule {
         switch_every: 50,
         order: BlockOrder::Descending,
         inactive_state: InactiveState::Dropped,
+        weights_on_host: false,
     };
 
-    /// The schedule over `model`'s blocks, at its first step.
+    /// The schedule over `model`'s blocks, at its first step, for a model on `device`.
     ///
     /// # Errors
-    /// `switch_every` = 0.
-    pub fn init(self, model: &LmConfig) -> Result<BlockCoordinate, Error> {
-        BlockCoordinateConfig::new(model.coordinate_blocks())
+    /// `switch_every` = 0, or the weights on the host of a device that computes in host
+    /// memory.
+    pub fn init(self, model: &LmConfig, device: &Device) -> Result<BlockCoordinate, Error> {
+        let schedule = BlockCoordinateConfig::new(model.coordinate_blocks())
             .with_switch_every(self.switch_every)
             .with_order(self.order)
             .with_inactive_state(self.inactive_state)
+            .with_pinned(model.coordinate_pinned())
             .init()
-            .map_err(|error| Error::InvalidConfig(error.to_string()))
+            .map_err(|error| Error::InvalidConfig(error.to_string()))?;
+        match self.weights_on_host {
+            true => schedule
+                .with_inactive_weights_on_host(device)
+                .map_err(refused),
+            false => Ok(schedule),
+        }
     }
 }
 

@@ -177,6 +177,9 @@ impl Switches {
             one_block_at_a_time: self
                 .block_coordinate
                 .map(|schedule| schedule.inactive_state),
+            inactive_weights_on_host: self
+                .block_coordinate
+                .is_some_and(|schedule| schedule.weights_on_host),
             host_offload: self.host_offload,
             ..self.optimizer.plan(half_precision)
         }

@@ -13,9 +13,8 @@ use burn::prelude::*;
 use burn::tensor::DType;
 
 use super::human_bytes;
-use crate::optim::{
-    HalfPrecisionUpdate, HostOffload, InactiveState, MomentBits, TRANSFER_CHUNK_BYTES,
-};
+use crate::host::TRANSFER_CHUNK_BYTES;
+use crate::optim::{HalfPrecisionUpdate, HostOffload, InactiveState, MomentBits};
 
 /// Where a term's bytes belong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -341,6 +340,20 @@ impl ParameterCensus {
         self.trained.iter().sum()
     }
 
+    /// The copies that reading every trained parameter (or its gradient) back to the host goes
+    /// through, which wgpu's pools keep reserved for the next read of the same size: one of
+    /// each size of chunk, up to the 4 MiB a transfer moves at once.
+    pub fn read_back_copies(&self) -> Vec<Tensors> {
+        let chunk = TRANSFER_CHUNK_BYTES as u64;
+        let mut sizes: Vec<u64> = self.trained.iter().map(|&b| b.min(chunk)).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        sizes
+            .into_iter()
+            .map(|bytes| Tensors::new(1, bytes))
+            .collect()
+    }
+
     /// Bytes of the largest parameter that trains.
     pub fn largest_trained_bytes(&self) -> u64 {
         self.trained.iter().copied().max().unwrap_or(0)
@@ -510,6 +523,9 @@ pub struct OptimizerPlan {
     /// and what happens to the other blocks' state: the census a budget gives the optimizer's
     /// terms is then the largest block's, and the state's the whole model's when it is kept.
     pub one_block_at_a_time: Option<InactiveState>,
+    /// Whether, training one block at a time, the weights of the blocks not training wait in
+    /// host memory ([`crate::optim::BlockCoordinate::with_inactive_weights_on_host`]).
+    pub inactive_weights_on_host: bool,
     /// What lives in host memory: the state between updates ([`crate::optim::HostOffloaded`]:
     /// on the device, the state of the parameter being updated only), or the state and the
     /// update ([`crate::optim::HostStepped`]: no state on the device, and no update there).
@@ -537,15 +553,11 @@ impl OptimizerPlan {
     /// with them).
     pub fn state(&self, census: &ParameterCensus) -> Term {
         if self.host_offload == Some(HostOffload::Update) {
-            let chunk = TRANSFER_CHUNK_BYTES as u64;
-            let mut sizes: Vec<u64> = census.trained.iter().map(|&b| b.min(chunk)).collect();
-            sizes.sort_unstable();
-            sizes.dedup();
             return Term::of(
                 Pool::OptimizerState,
                 "none on the device (the update runs on the host); a read-back copy of each \
                  size of gradient chunk, up to 4 MiB",
-                sizes.into_iter().map(|bytes| Tensors::new(1, bytes)),
+                census.read_back_copies(),
             );
         }
         let masters = u64::from(self.half_precision == Some(HalfPrecisionUpdate::Masters));
@@ -761,6 +773,7 @@ mod tests {
             in_place,
             half_precision: None,
             one_block_at_a_time: None,
+            inactive_weights_on_host: false,
             host_offload: None,
         }
     }

@@ -224,6 +224,15 @@ impl<'a> Routed<'a> {
             None => layer.weight.val(),
         };
         let weight = self.param(&layer.weight, &anchor);
-        embedding(weight, tokens)
+        // A table kept in host memory (a block not training) is read there: only the rows
+        // looked up cross to the device, not the table.
+        let device = tokens.device();
+        match weight.device().inner() == device.clone().inner() {
+            true => embedding(weight, tokens),
+            false => {
+                let host = weight.device();
+                embedding(weight, tokens.to_device(&host)).to_device(&device)
+            }
+        }
     }
 }

@@ -11,7 +11,8 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
-use super::InBackward;
+use super::{HostOffloadError, InBackward, refuse_host};
+use crate::host::{read_back, upload};
 
 /// The order in which [`BlockCoordinate`] visits the blocks, pass after pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,6 +61,11 @@ pub struct BlockCoordinateConfig {
     /// What happens to a block's optimizer state when its turn ends.
     #[config(default = "InactiveState::Dropped")]
     pub inactive_state: InactiveState,
+    /// Parameters that stay on the device while their block is not training, when the other
+    /// blocks' weights are in host memory ([`BlockCoordinate::with_inactive_weights_on_host`]):
+    /// a weight that two blocks' computations read, such as a token table tied to the head,
+    /// would otherwise cross to the device twice per step.
+    pub pinned: Option<ParamGroup>,
 }
 
 /// Why a [`BlockCoordinateConfig`] cannot be used.
@@ -89,6 +95,7 @@ impl BlockCoordinateConfig {
             config: self.clone(),
             steps: 0,
             trainable: None,
+            weights_home: None,
         })
     }
 }
@@ -116,7 +123,14 @@ pub struct BlockCoordinateRecord {
 ///
 /// # Memory
 /// With the state dropped, the optimizer state of the largest block instead of the whole
-/// model's; the gradients of one block either way. Weights stay where they are.
+/// model's; the gradients of one block either way. Weights stay on the device, unless
+/// [`Self::with_inactive_weights_on_host`] keeps those of the blocks not training in host
+/// memory: each read of one (through [`Routed`](crate::nn::Routed)) then uploads a copy that
+/// lives as long as the ops that read it keep it. Below the training block no backward runs,
+/// so a copy is freed once read; with [`ReversibleSequence`](crate::nn::ReversibleSequence) the
+/// backward recomputes one block at a time, so a block's copies live through its own
+/// recomputation only; in a standard stack, the layers above the training block keep theirs
+/// until their backward step.
 ///
 /// # Resuming
 /// The schedule is a function of the step count alone, which [`Self::to_record`] keeps: a run
@@ -130,9 +144,35 @@ pub struct BlockCoordinate {
     /// The parameters that trained before the first step (the rest were frozen by the user,
     /// e.g. a LoRA base): a block never unfreezes those.
     trainable: Option<HashSet<ParamId>>,
+    /// Where the weights of the training block live when those of the others are in host
+    /// memory.
+    weights_home: Option<Device>,
 }
 
 impl BlockCoordinate {
+    /// Keeps the weights of the blocks not training in host memory (Flex), and those of the
+    /// training block, [`BlockCoordinateConfig::always`] and [`BlockCoordinateConfig::pinned`]
+    /// on `device`: [`Self::begin_step`] moves a block's weights out when its turn ends and
+    /// back when it begins, a chunk of rows at a time.
+    ///
+    /// # Errors
+    /// [`HostOffloadError::HostIsTheDevice`] for a device that computes in host memory (Flex,
+    /// CubeCL's CPU runtime).
+    pub fn with_inactive_weights_on_host(
+        mut self,
+        device: &Device,
+    ) -> Result<Self, HostOffloadError> {
+        refuse_host(device)?;
+        self.weights_home = Some(device.clone());
+        Ok(self)
+    }
+
+    /// Whether the weights of the blocks not training wait in host memory
+    /// ([`Self::with_inactive_weights_on_host`]).
+    pub fn keeps_inactive_weights_on_host(&self) -> bool {
+        self.weights_home.is_some()
+    }
+
     /// The index in [`BlockCoordinateConfig::blocks`] of the block that trains at `step`
     /// (counted from 0).
     pub fn block_at(&self, step: u64) -> usize {
@@ -161,8 +201,9 @@ impl BlockCoordinate {
     /// [`BlockCoordinateConfig::always`]) and, at the first step of a block, drops the
     /// optimizer state of the one before (unless it is [`InactiveState::Kept`]), from
     /// `optimizer` and from `in_backward` when it keeps state per parameter
-    /// ([`super::InBackwardTraining`]'s runs do). Call it before the forward pass, which is when
-    /// autodiff reads `require_grad`.
+    /// ([`super::InBackwardTraining`]'s runs do). With the inactive weights in host memory, moves
+    /// the weights of the block whose turn ended there and brings the active block's back. Call
+    /// it before the forward pass, which is when autodiff reads `require_grad`.
     pub fn begin_step<M: Module>(
         &mut self,
         model: M,
@@ -177,19 +218,58 @@ impl BlockCoordinate {
                 in_backward.drop_states_per_parameter();
             }
         }
+        let model = self.arrange(model, true);
+        self.steps += 1;
+        model
+    }
+
+    /// `model` with each weight where the next step wants it: a model built on the device (its
+    /// parameters drawn lazily, at their first read) has them drawn here one at a time, each
+    /// moved to host memory at once when its block waits, so that the device never holds every
+    /// weight. Call it on a fresh model before a run, and before a checkpoint's record loads
+    /// (which each parameter does where it is). Nothing is frozen here, and nothing is
+    /// remembered of the parameters (loading a record gives them its ids): the first
+    /// [`Self::begin_step`] does both. Without the inactive weights in host memory, `model` is
+    /// returned as it is.
+    pub fn place<M: Module>(&mut self, model: M) -> M {
+        match self.weights_home {
+            Some(_) => self.arrange(model, false),
+            None => model,
+        }
+    }
+
+    /// With a `weights_home`, places every parameter for the step `self.steps`; with `freeze`,
+    /// sets `require_grad` for it too, and the first such call records which parameters train
+    /// at all.
+    fn arrange<M: Module>(&mut self, model: M, freeze: bool) -> M {
         let active = self.block_at(self.steps);
-        let trainable = self
-            .trainable
-            .get_or_insert_with(|| trainable_params(&model));
+        let mut unrecorded = HashSet::new();
+        let first_call = self.trainable.is_none();
+        let trainable = match (freeze, &mut self.trainable) {
+            (true, trainable) => trainable.get_or_insert_with(HashSet::new),
+            (false, Some(trainable)) => trainable,
+            (false, None) => &mut unrecorded,
+        };
         let mut freeze = Freeze {
             active: &self.config.blocks[active],
             always: self.config.always.as_ref(),
+            pinned: self.config.pinned.as_ref(),
+            weights_home: self.weights_home.as_ref(),
             trainable,
+            first_call,
+            freeze,
             path: Vec::new(),
         };
-        let model = model.map(&mut freeze);
-        self.steps += 1;
-        model
+        model.map(&mut freeze)
+    }
+
+    /// `model` with every weight back on the device, for use after training: with the inactive
+    /// weights in host memory, the blocks not training at the last step keep theirs there.
+    pub fn end<M: Module>(&self, model: M) -> M {
+        match &self.weights_home {
+            Some(home) => model.map(&mut Home(home)),
+            None => model,
+        }
     }
 
     /// The step count, for a checkpoint.
@@ -208,27 +288,21 @@ impl BlockCoordinate {
 /// golden ratio's 64-bit fraction, as SplitMix64 steps its state).
 const PASS_MIX: u64 = 0x9e37_79b9_7f4a_7c15;
 
-/// The float parameters of `model` that require a gradient.
-fn trainable_params<M: Module>(model: &M) -> HashSet<ParamId> {
-    struct Trainable(HashSet<ParamId>);
-    impl burn::module::ModuleVisitor for Trainable {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            if param.val().is_require_grad() {
-                self.0.insert(param.id);
-            }
-        }
-    }
-    let mut trainable = Trainable(HashSet::new());
-    model.visit(&mut trainable);
-    trainable.0
-}
-
 /// Sets `require_grad` on each trainable parameter: on in the active block and `always`, off
-/// elsewhere. Paths are joined with `.`, as `ModuleOptimizer` matches its groups.
+/// elsewhere; with a `weights_home`, places each one there, or in host memory when it is
+/// neither training nor pinned. Paths are joined with `.`, as `ModuleOptimizer` matches its
+/// groups.
 struct Freeze<'a> {
     active: &'a ParamGroup,
     always: Option<&'a ParamGroup>,
-    trainable: &'a HashSet<ParamId>,
+    pinned: Option<&'a ParamGroup>,
+    weights_home: Option<&'a Device>,
+    /// The parameters that train at all (see [`BlockCoordinate`]'s field), filled on the
+    /// `first_call`.
+    trainable: &'a mut HashSet<ParamId>,
+    first_call: bool,
+    /// Whether `require_grad` is set, or only the weights placed.
+    freeze: bool,
     path: Vec<String>,
 }
 
@@ -242,19 +316,59 @@ impl ModuleMapper for Freeze<'_> {
     }
 
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        if self.first_call && param.val().is_require_grad() {
+            self.trainable.insert(param.id);
+        }
         if !self.trainable.contains(&param.id) {
             return param;
         }
         let path = self.path.join(".");
-        let trains = [Some(self.active), self.always]
-            .into_iter()
-            .flatten()
-            .any(|group| group.matches(&param.id, Some(&path)));
-        if param.val().is_require_grad() == trains {
+        let in_group = |group: Option<&ParamGroup>| {
+            group.is_some_and(|group| group.matches(&param.id, Some(&path)))
+        };
+        let trains = in_group(Some(self.active)) || in_group(self.always);
+        let param = match self.weights_home {
+            Some(home) if trains || in_group(self.pinned) => place(param, home),
+            Some(_) => place(param, &Device::flex()),
+            None => param,
+        };
+        if !self.freeze || param.val().is_require_grad() == trains {
             return param;
         }
         param.set_require_grad(trains)
     }
+}
+
+/// Brings every float parameter to a device, for [`BlockCoordinate::end`].
+struct Home<'a>(&'a Device);
+
+impl ModuleMapper for Home<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        place(param, self.0)
+    }
+}
+
+/// `param` on `device` (in host memory for Flex), its value moved a chunk of rows at a time
+/// when it is elsewhere, keeping its autodiff association and `require_grad`.
+fn place<const D: usize>(param: Param<Tensor<D>>, device: &Device) -> Param<Tensor<D>> {
+    let value = param.val();
+    let here = value.device();
+    if here.clone().inner() == device.clone().inner() {
+        return param;
+    }
+    let (id, value, mapper) = param.consume();
+    let require_grad = value.is_require_grad();
+    // Autodiff as before (`Tensor::to_device` keeps the source's context, not the target's).
+    let target = device.clone().with_autodiff_context_from(&here);
+    let moved = match *device == Device::flex() {
+        true => Tensor::from_data(read_back(value), &target),
+        false => upload(&value, &target),
+    };
+    let moved = match require_grad {
+        true => moved.require_grad(),
+        false => moved,
+    };
+    Param::from_mapped_value(id, moved, mapper)
 }
 
 #[cfg(test)]

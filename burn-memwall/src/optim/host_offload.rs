@@ -2,15 +2,14 @@
 //! ([`HostOffloaded`], the update on the device), or always ([`HostStepped`], the update on the
 //! host).
 
-use std::ops::Range;
-
 use burn::optim::{LearningRate, Optimizer, RecordState, StateSink, StateSource};
 use burn::prelude::*;
-use burn::tensor::{DType, FloatDType};
+use burn::tensor::FloatDType;
 use serde::{Deserialize, Serialize};
 
 use super::MasterWeightsState;
 use crate::device::describe;
+use crate::host::{computes_in_host_memory, owned, read_back, write_from_host};
 
 /// What of an optimizer lives in host memory, and where its update runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,11 +40,12 @@ pub enum HostOffloadError {
     /// No [`HostOffload`] has this name.
     #[error("unknown offload `{0}`; expected state or update")]
     UnknownName(String),
-    /// The device computes in host memory: there is nowhere else to keep the state.
+    /// The device computes in host memory: there is nowhere else to keep the state or the
+    /// weights.
     #[error(
-        "optimizer state cannot be offloaded to host memory from `{0}`: that device computes in \
-         host memory already, so the state would only be copied there and back at every step; \
-         train without the offload"
+        "nothing can be offloaded to host memory from `{0}`: that device computes in host memory \
+         already, so what is offloaded would only be copied there and back at every step; train \
+         without the offload"
     )]
     HostIsTheDevice(String),
 }
@@ -87,13 +87,9 @@ impl<O> HostOffloaded<O> {
     }
 }
 
-/// Refuses a device that computes in host memory: there is nowhere else to keep the state.
-fn refuse_host(device: &Device) -> Result<(), HostOffloadError> {
-    #[cfg(feature = "cpu")]
-    let cpu = *device == Device::cpu();
-    #[cfg(not(feature = "cpu"))]
-    let cpu = false;
-    match cpu || *device == Device::flex() {
+/// Refuses a device that computes in host memory: there is nowhere else to keep anything.
+pub(crate) fn refuse_host(device: &Device) -> Result<(), HostOffloadError> {
+    match computes_in_host_memory(device) {
         true => Err(HostOffloadError::HostIsTheDevice(describe(device))),
         false => Ok(()),
     }
@@ -183,9 +179,9 @@ impl<O: Optimizer> Optimizer for HostStepped<O> {
             Some(HostOffloadedState {
                 inner: MasterWeightsState { master, inner },
             }) => (master, inner),
-            None => (read_to_host(tensor.clone()).cast(FloatDType::F32), None),
+            None => (on_host(tensor.clone()).cast(FloatDType::F32), None),
         };
-        let grad = read_to_host(grad).cast(FloatDType::F32);
+        let grad = on_host(grad).cast(FloatDType::F32);
         let (master, inner) = self.inner.step(lr, master, grad, inner);
         let tensor = write_from_host(tensor, &master);
         let state = MasterWeightsState { master, inner };
@@ -198,57 +194,9 @@ impl<O: Optimizer> Optimizer for HostStepped<O> {
     }
 }
 
-/// Bytes of a gradient read back, or of a weight written, at once: the device holds a copy of
-/// this size for each transfer (wgpu reads and writes through copies that its pools keep
-/// reserved), not one of the whole parameter, whose largest (the token table) can be hundreds
-/// of megabytes.
-pub(crate) const TRANSFER_CHUNK_BYTES: usize = 4 << 20;
-
-/// Rows along dimension 0 of `shape` that fit in a chunk of [`TRANSFER_CHUNK_BYTES`] in
-/// `dtype`, at least one.
-fn chunk_rows(shape: &Shape, dtype: DType) -> usize {
-    let row_bytes = shape.num_elements() / shape[0].max(1) * dtype.size();
-    (TRANSFER_CHUNK_BYTES / row_bytes.max(1)).max(1)
-}
-
-/// The chunks of rows of `shape` in `dtype`: each one's first row and rows.
-fn chunks(shape: &Shape, dtype: DType) -> impl Iterator<Item = (usize, usize)> {
-    let (rows, step) = (shape[0], chunk_rows(shape, dtype));
-    (0..rows)
-        .step_by(step)
-        .map(move |start| (start, step.min(rows - start)))
-}
-
-/// `tensor` in host memory, read back a chunk of rows at a time into bytes of its own (a Cube
-/// read is lazy: its bytes would keep the device's buffer).
-fn read_to_host<const D: usize>(tensor: Tensor<D>) -> Tensor<D> {
-    let (shape, dtype) = (tensor.shape(), tensor.dtype());
-    let mut bytes = Vec::with_capacity(shape.num_elements() * dtype.size());
-    for (start, rows) in chunks(&shape, dtype) {
-        let chunk = tensor.clone().narrow(0, start, rows).into_data();
-        bytes.extend_from_slice(chunk.as_bytes());
-    }
-    let data = TensorData::from_bytes_vec(bytes, shape, dtype);
-    Tensor::from_data(data, &Device::flex())
-}
-
-/// `tensor` with the values of `host` (in host memory) in its own dtype, written into its own
-/// buffer a chunk of rows at a time.
-fn write_from_host<const D: usize>(mut tensor: Tensor<D>, host: &Tensor<D>) -> Tensor<D> {
-    let (shape, dtype, device) = (tensor.shape(), tensor.dtype(), tensor.device());
-    let mut ranges: Vec<Range<usize>> = shape.iter().map(|&size| 0..size).collect();
-    for (start, rows) in chunks(&shape, dtype) {
-        let values = host.clone().narrow(0, start, rows).cast(dtype).into_data();
-        ranges[0] = start..start + rows;
-        // In place: the weight's buffer is its own (Burn's `slice_assign` copies it otherwise).
-        tensor = tensor.slice_assign(&ranges[..], Tensor::from_data(values, &device));
-    }
-    tensor
-}
-
-/// `data` with bytes of its own: a Cube read is lazy and its bytes keep the device buffer.
-fn owned(data: TensorData) -> TensorData {
-    TensorData::from_bytes_vec(data.as_bytes().to_vec(), data.shape().clone(), data.dtype())
+/// `tensor` in host memory (Flex), read back a chunk of rows at a time.
+fn on_host<const D: usize>(tensor: Tensor<D>) -> Tensor<D> {
+    Tensor::from_data(read_back(tensor), &Device::flex())
 }
 
 /// `state` rebuilt in host memory from owned copies of its tensors' bytes; the device's

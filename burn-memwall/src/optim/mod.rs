@@ -43,7 +43,7 @@ pub use half_precision::{
     HalfPrecisionUpdate, MasterWeights, MasterWeightsState, StochasticRounding,
     StochasticRoundingState,
 };
-pub(crate) use host_offload::TRANSFER_CHUNK_BYTES;
+pub(crate) use host_offload::refuse_host;
 pub use host_offload::{
     HostOffload, HostOffloadError, HostOffloaded, HostOffloadedState, HostStepped,
 };

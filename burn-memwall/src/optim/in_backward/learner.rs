@@ -233,7 +233,7 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
             InBackwardError::LearnerCheckpointer
         );
         let mut checkpoints = self.checkpoints.lock().expect("checkpoints lock").take();
-        let mut model = learner.model().fork(&self.device);
+        let model = learner.model();
         drop(learner);
         let (mut optimizer, mut scheduler) = self.take_owned();
         let mut block_coordinate = self
@@ -241,6 +241,13 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
             .lock()
             .expect("block coordinate lock")
             .take();
+        // A schedule that keeps the waiting blocks' weights in host memory places the model
+        // itself (before a checkpoint's record loads, which each parameter does where it is):
+        // a fork would draw every weight on the device at once.
+        let mut model = match &mut block_coordinate {
+            Some(schedule) if schedule.keeps_inactive_weights_on_host() => schedule.place(model),
+            _ => model.fork(&self.device),
+        };
         if let Some(in_backward) = &self.in_backward {
             in_backward.keep_state_per_parameter();
         }
@@ -394,6 +401,9 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
             {
                 break;
             }
+        }
+        if let Some(schedule) = &block_coordinate {
+            model = schedule.end(model);
         }
         (model, event_processor)
     }

@@ -17,6 +17,8 @@ use burn::tensor::GradientCheckpointingStrategy;
 use burn::tensor::kind::BridgeTensor;
 
 use hook::{HookContext, ParamHookBackend};
+
+use crate::host::on_device_of;
 use param_at_path::ParamAtPath;
 
 pub use checkpoints::CheckpointFiles;
@@ -131,17 +133,20 @@ impl std::fmt::Debug for InBackward {
     }
 }
 
-/// `param`'s value for a forward pass: through `in_backward` when there is one, else
-/// `param.val()`. For layers that train either way.
+/// `param`'s value for a forward pass, on `anchor`'s device: through `in_backward` when there
+/// is one, else `param.val()`. For layers that train either way. A frozen weight kept in host
+/// memory ([`super::BlockCoordinate`]'s inactive blocks) is uploaded for the read, and the copy
+/// lives as long as the ops that read it keep it.
 pub(crate) fn param_value<const D: usize, const A: usize>(
     in_backward: Option<&InBackward>,
     param: &Param<Tensor<D>>,
     anchor: &Tensor<A>,
 ) -> Tensor<D> {
-    match in_backward {
+    let value = match in_backward {
         Some(in_backward) => in_backward.param(param, anchor),
         None => param.val(),
-    }
+    };
+    on_device_of(value, anchor)
 }
 
 /// One training step from `loss`, for loops that train either way: [`InBackward::step`] when
