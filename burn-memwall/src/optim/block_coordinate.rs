@@ -152,8 +152,8 @@ pub struct BlockCoordinate {
 impl BlockCoordinate {
     /// Keeps the weights of the blocks not training in host memory (Flex), and those of the
     /// training block, [`BlockCoordinateConfig::always`] and [`BlockCoordinateConfig::pinned`]
-    /// on `device`: [`Self::begin_step`] moves a block's weights out when its turn ends and
-    /// back when it begins, a chunk of rows at a time.
+    /// on `device`: [`Self::begin_step`] moves a block's weights out when its turn ends (read
+    /// back a chunk of rows at a time) and back when it begins.
     ///
     /// # Errors
     /// [`HostOffloadError::HostIsTheDevice`] for a device that computes in host memory (Flex,
@@ -250,7 +250,7 @@ impl BlockCoordinate {
             (false, Some(trainable)) => trainable,
             (false, None) => &mut unrecorded,
         };
-        let mut freeze = Freeze {
+        let mut mapper = Freeze {
             active: &self.config.blocks[active],
             always: self.config.always.as_ref(),
             pinned: self.config.pinned.as_ref(),
@@ -260,7 +260,7 @@ impl BlockCoordinate {
             freeze,
             path: Vec::new(),
         };
-        model.map(&mut freeze)
+        model.map(&mut mapper)
     }
 
     /// `model` with every weight back on the device, for use after training: with the inactive
@@ -348,8 +348,8 @@ impl ModuleMapper for Home<'_> {
     }
 }
 
-/// `param` on `device` (in host memory for Flex), its value moved a chunk of rows at a time
-/// when it is elsewhere, keeping its autodiff association and `require_grad`.
+/// `param` on `device` (in host memory for Flex), its value moved when it is elsewhere (see
+/// [`crate::host`]), keeping its autodiff association and `require_grad`.
 fn place<const D: usize>(param: Param<Tensor<D>>, device: &Device) -> Param<Tensor<D>> {
     let value = param.val();
     let here = value.device();

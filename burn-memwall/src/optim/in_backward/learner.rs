@@ -233,21 +233,28 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
             InBackwardError::LearnerCheckpointer
         );
         let mut checkpoints = self.checkpoints.lock().expect("checkpoints lock").take();
-        let model = learner.model();
-        drop(learner);
-        let (mut optimizer, mut scheduler) = self.take_owned();
         let mut block_coordinate = self
             .block_coordinate
             .lock()
             .expect("block coordinate lock")
             .take();
         // A schedule that keeps the waiting blocks' weights in host memory places the model
-        // itself (before a checkpoint's record loads, which each parameter does where it is):
-        // a fork would draw every weight on the device at once.
-        let mut model = match &mut block_coordinate {
-            Some(schedule) if schedule.keeps_inactive_weights_on_host() => schedule.place(model),
-            _ => model.fork(&self.device),
+        // itself, once the learner's handle on it is gone (before a checkpoint's record loads,
+        // which each parameter does where it is): a fork would draw every weight on the device
+        // at once.
+        let weights_on_host = block_coordinate
+            .as_ref()
+            .is_some_and(BlockCoordinate::keeps_inactive_weights_on_host);
+        let model = match weights_on_host {
+            true => learner.model(),
+            false => learner.model().fork(&self.device),
         };
+        drop(learner);
+        let mut model = match &mut block_coordinate {
+            Some(schedule) if weights_on_host => schedule.place(model),
+            _ => model,
+        };
+        let (mut optimizer, mut scheduler) = self.take_owned();
         if let Some(in_backward) = &self.in_backward {
             in_backward.keep_state_per_parameter();
         }
