@@ -268,8 +268,12 @@ impl RunConfig {
                  run's (DeviceChoice::device_in or start_as_default_in)"
             )));
         }
-        // Made once to check it can be, before anything large is (an offload from Flex is not).
+        // Made once to check they can be, before anything large is (an offload from Flex is
+        // not).
         self.training.init_optimizer(device, None)?;
+        if let Some(schedule) = self.training.block_coordinate {
+            schedule.init(&self.model, device)?;
+        }
         Ok(())
     }
 
