@@ -1,8 +1,8 @@
-//! Moving tensors between a device with memory of its own and host memory (Flex), a chunk of
-//! rows at a time: the one home of the transfers that the offloads
-//! ([`crate::optim::HostOffloaded`], [`crate::optim::HostStepped`], and
-//! [`crate::optim::BlockCoordinate`]'s inactive weights) and the routed reads of weights kept in
-//! host memory go through.
+//! Moving tensors between a device with memory of its own and host memory (Flex): the one home
+//! of the transfers that the offloads ([`crate::optim::HostOffloaded`],
+//! [`crate::optim::HostStepped`], and [`crate::optim::BlockCoordinate`]'s inactive weights) and
+//! the routed reads of weights kept in host memory go through. Reads back and writes into an
+//! existing buffer move a chunk of rows at a time; a fresh copy on the device is one write.
 
 use std::ops::Range;
 
