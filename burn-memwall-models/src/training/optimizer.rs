@@ -219,7 +219,12 @@ impl BlockSchedule {
             .with_switch_every(self.switch_every)
             .with_order(self.order)
             .with_inactive_state(self.inactive_state)
-            .with_pinned(model.coordinate_pinned())
+            // Only the weights on the host have anything to pin: the group's compiled pattern
+            // would count in every other run's memory (22 KB on `tiny`).
+            .with_pinned(match self.weights_on_host {
+                true => model.coordinate_pinned(),
+                false => None,
+            })
             .init()
             .map_err(|error| Error::InvalidConfig(error.to_string()))?;
         match self.weights_on_host {
