@@ -24,6 +24,12 @@ pub(crate) fn computes_in_host_memory(device: &Device) -> bool {
     cpu || *device == Device::flex()
 }
 
+/// Whether tensors on `a` and on `b` share one memory: the same device, with or without
+/// autodiff (whose device compares unequal to its inner one).
+pub(crate) fn same_memory(a: &Device, b: &Device) -> bool {
+    a.clone().inner() == b.clone().inner()
+}
+
 /// Rows along dimension 0 of `shape` that fit in a chunk of [`TRANSFER_CHUNK_BYTES`] in
 /// `dtype`, at least one.
 fn chunk_rows(shape: &Shape, dtype: DType) -> usize {
@@ -86,7 +92,7 @@ pub(crate) fn on_device_of<const D: usize, const A: usize>(
     anchor: &Tensor<A>,
 ) -> Tensor<D> {
     let device = anchor.device();
-    match value.device().inner() == device.clone().inner() {
+    match same_memory(&value.device(), &device) {
         true => value,
         false => upload(&value.inner(), &device),
     }

@@ -2,11 +2,8 @@
 
 use std::time::Instant;
 
-use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::ModuleOptimizer;
 use burn::prelude::*;
-use burn::tensor::DType;
-use burn_memwall::memory::budget::ParameterCensus;
 use burn_memwall::memory::{MemoryMeter, PoolBreakdown};
 use burn_memwall::optim::train_step;
 
@@ -14,6 +11,7 @@ use crate::Error;
 use crate::data::LmBatcher;
 use crate::lm::LanguageModel;
 
+use super::stepping::Stepping;
 use super::{RunConfig, TrainingConfig};
 
 /// What a few training steps of one stack measured.
@@ -48,10 +46,8 @@ pub fn measure_training_steps(
     device: &Device,
 ) -> Result<StepMeasurement, Error> {
     run.validate()?;
-    run.check_device(device)?;
     let config = &run.model;
     let TrainingConfig {
-        optimizer,
         precision,
         batch_size,
         learning_rate,
@@ -78,31 +74,22 @@ pub fn measure_training_steps(
         )));
     }
     let train_device = device.clone().autodiff();
-    warm_up_runtime(run, windows, &train_device)?;
+    warm_up_runtime(run, windows, device)?;
     let meter = MemoryMeter::new(device);
     let start_bytes = meter.live_bytes();
     device.seed(seed);
-    let loss_scale = run.training.new_loss_scale();
-    let mut model = run
-        .initial_model(&train_device, false)?
-        .with_in_backward(optimizer.in_backward())
-        .with_loss_scale(loss_scale.clone());
-    let mut block_coordinate = match run.training.block_coordinate {
-        Some(schedule) => Some(schedule.init(config, device)?),
-        None => None,
-    };
-    // A schedule that keeps the waiting blocks' weights in host memory draws them one at a
-    // time and moves them there, so that the device never holds them all.
-    if let Some(schedule) = &mut block_coordinate {
-        model = schedule.place(model);
-    }
-    let sizes = initialize_parameters(&model);
+    let mut stepping = run.stepping(device)?;
+    let (mut model, sizes) = stepping.prepare(run.initial_model(&train_device, false)?);
     // Gradients of the trained parameters: all at once after backward, or one at a time in it.
-    let gradient_bytes = optimizer
+    let gradient_bytes = (run.training.optimizer)
         .plan(precision.half_update())
         .gradients(&sizes)
         .bytes();
-    let mut optimizer = run.training.init_optimizer(device, loss_scale.as_ref())?;
+    let Stepping {
+        mut optimizer,
+        mut block_coordinate,
+        ..
+    } = stepping;
     let parameter_bytes = sizes.bytes();
 
     let (mut peak, mut saved_activations) = (0u64, 0u64);
@@ -152,19 +139,16 @@ pub fn measure_training_steps(
 /// once and keeps (thread pools, per-thread matmul scratch sized by the largest product, the
 /// autodiff server) is not counted as the measured model's persistent state.
 fn warm_up_runtime(run: &RunConfig, windows: &[Vec<u32>], device: &Device) -> Result<(), Error> {
-    let training = &run.training;
-    let batch = LmBatcher::batch_windows(&windows[..training.batch_size], device);
-    let loss_scale = training.new_loss_scale();
-    let mut model = run
-        .initial_model(device, false)?
-        .with_in_backward(training.optimizer.in_backward())
-        .with_loss_scale(loss_scale.clone());
-    let mut optimizer = training.init_optimizer(device, loss_scale.as_ref())?;
+    let batch = LmBatcher::batch_windows(
+        &windows[..run.training.batch_size],
+        &device.clone().autodiff(),
+    );
+    let mut stepping = run.stepping(device)?;
+    let (mut model, _) = stepping.prepare(run.initial_model(&device.clone().autodiff(), false)?);
+    let mut optimizer = stepping.optimizer;
     // Trained one block at a time here too: a Cube pool would keep every block's state reserved.
-    if let Some(schedule) = training.block_coordinate {
-        model = schedule
-            .init(&run.model, device)?
-            .begin_step(model, &mut optimizer, None);
+    if let Some(schedule) = &mut stepping.block_coordinate {
+        model = schedule.begin_step(model, &mut optimizer, None);
     }
     let loss = model.loss(batch.inputs, batch.targets);
     update(model, &mut optimizer, loss, 1e-3);
@@ -187,23 +171,4 @@ fn update(
         .expect("a model on an autodiff device");
     model.end_step();
     model
-}
-
-/// Draws every parameter's initial value now, in the model's own order, and counts them.
-/// Burn initializes parameters lazily, at their first read: left to the first forward pass, the
-/// draw order (and so the weights) would depend on the stack, and the first step would count
-/// the weights as activations.
-pub(super) fn initialize_parameters(model: &LanguageModel) -> ParameterCensus {
-    struct Draw;
-    impl ModuleVisitor for Draw {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            param.val();
-        }
-        fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<D, Int>>) {
-            param.val();
-        }
-    }
-    model.visit(&mut Draw);
-    // Every parameter is drawn, so each reports its own type.
-    ParameterCensus::of(model, DType::F32)
 }

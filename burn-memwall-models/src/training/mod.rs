@@ -10,6 +10,7 @@ mod progress;
 mod schedule;
 mod stack;
 mod step;
+mod stepping;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,14 +18,12 @@ use std::sync::Arc;
 use burn::config::Config;
 use burn::data::dataloader::{DataLoader, DataLoaderBuilder};
 use burn::module::Module;
-use burn::optim::ModuleOptimizer;
 use burn::prelude::*;
 use burn::train::metric::{LearningRateMetric, LossMetric};
 use burn::train::{Interrupter, Learner, SupervisedTraining, TrainingStrategy};
 use burn_memwall::memory::MemoryMeter;
 use burn_memwall::optim::{
-    CheckpointFiles, HostOffload, InBackwardTraining, LossScale, LossScaleConfig, LossScaleRecord,
-    StepMemory,
+    CheckpointFiles, HostOffload, InBackwardTraining, LossScaleConfig, LossScaleRecord, StepMemory,
 };
 
 pub use curve::LossCurve;
@@ -42,6 +41,7 @@ use crate::data::{Corpus, CorpusIdentity, LmBatcher, TokenWindows};
 use crate::llama::save_llama;
 use crate::lm::{LanguageModel, LinearKind, LmConfig, LoraConfig, save_adapters};
 use crate::pretrained::Pretrained;
+use stepping::Stepping;
 
 /// How to train: everything but the model shape and the data.
 #[derive(Config, Debug, PartialEq)]
@@ -103,30 +103,6 @@ pub struct TrainingConfig {
 }
 
 impl TrainingConfig {
-    /// The run's optimizer for a model on `device`, unscaling with `loss_scale` (the run's
-    /// [`Self::new_loss_scale`]).
-    ///
-    /// # Errors
-    /// The state offloaded from a device that computes in host memory (Flex).
-    pub fn init_optimizer(
-        &self,
-        device: &Device,
-        loss_scale: Option<&LossScale>,
-    ) -> Result<ModuleOptimizer, Error> {
-        self.optimizer.init(
-            self.weight_decay,
-            self.precision,
-            self.seed,
-            loss_scale,
-            self.host_offload.map(|offload| (offload, device)),
-        )
-    }
-
-    /// A fresh loss scale for a run in f16, `None` in the other precisions.
-    pub fn new_loss_scale(&self) -> Option<LossScale> {
-        self.precision.scales_loss().then(|| self.loss_scale.init())
-    }
-
     /// The settings a resume may change on purpose (`Start::Resume`'s `allow_change`): each
     /// takes effect from the resumed step on and leaves the checkpoint's state valid (Burn's
     /// scheduler records hold step counts, not rates; an optimizer's records are the same with
@@ -252,27 +228,6 @@ impl RunConfig {
                     listed(&changed)
                 )));
             }
-        }
-        Ok(())
-    }
-
-    /// Checks that `device` computes in the run's precision (its default float type).
-    fn check_device(&self, device: &Device) -> Result<(), Error> {
-        let (want, have) = (
-            self.training.precision.dtype(),
-            device.settings().float_dtype,
-        );
-        if want != have {
-            return Err(Error::Training(format!(
-                "the run trains in {want:?}, the device computes in {have:?}: start it in the \
-                 run's (DeviceChoice::device_in or start_as_default_in)"
-            )));
-        }
-        // Made once to check they can be, before anything large is (an offload from Flex is
-        // not).
-        self.training.init_optimizer(device, None)?;
-        if let Some(schedule) = self.training.block_coordinate {
-            schedule.init(&self.model, device)?;
         }
         Ok(())
     }
@@ -583,7 +538,7 @@ pub fn train(
 ) -> Result<TrainReport, Error> {
     run.validate()?;
     // Before anything is written: a run this device cannot take leaves no folder behind.
-    run.check_device(device)?;
+    let mut stepping = run.stepping(device)?;
     let RunConfig {
         model: model_config,
         training,
@@ -645,21 +600,8 @@ pub fn train(
     let meter = MemoryMeter::new(device);
     let live_before = meter.live_bytes();
     device.seed(training.seed);
-    let in_backward = training.optimizer.in_backward();
-    let loss_scale = training.new_loss_scale();
-    let model = run
-        .initial_model(&device.clone().autodiff(), start_epoch == 0)?
-        .with_in_backward(in_backward.clone())
-        .with_loss_scale(loss_scale.clone());
-    // Drawn now, in the model's order, rather than at their first read inside the first step,
-    // where they would be allocated between its activations; a schedule that keeps the waiting
-    // blocks' weights in host memory draws them itself, in the same order, one at a time.
-    if !training
-        .block_coordinate
-        .is_some_and(|schedule| schedule.weights_on_host)
-    {
-        measure::initialize_parameters(&model);
-    }
+    let (model, _) =
+        stepping.prepare(run.initial_model(&device.clone().autodiff(), start_epoch == 0)?);
     let train_loader = DataLoaderBuilder::new(LmBatcher)
         .batch_size(training.batch_size)
         .shuffle(training.seed)
@@ -689,7 +631,12 @@ pub fn train(
     let (renderer, progress) = ProgressRenderer::new(training.seq_len, quiet);
     let renderer =
         renderer.stopping_on_divergence(interrupter.clone(), start_epoch * steps_per_epoch);
-    let optimizer = training.init_optimizer(device, loss_scale.as_ref())?;
+    let Stepping {
+        in_backward,
+        loss_scale,
+        optimizer,
+        block_coordinate,
+    } = stepping;
     // burn-train's own loop keeps a second handle on the model while it optimizes, which
     // would hold every old weight beside its in-backward update.
     let mut strategy =
@@ -702,8 +649,8 @@ pub fn train(
     if let Some(loss_scale) = &loss_scale {
         strategy = strategy.with_loss_scale(loss_scale.clone());
     }
-    if let Some(schedule) = training.block_coordinate {
-        strategy = strategy.with_block_coordinate(schedule.init(&run.model, device)?);
+    if let Some(schedule) = block_coordinate {
+        strategy = strategy.with_block_coordinate(schedule);
     }
     let strategy = Arc::new(strategy);
     let mut builder = SupervisedTraining::new(artifacts.dir(), train_loader, valid_loader)

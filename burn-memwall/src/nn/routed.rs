@@ -14,6 +14,7 @@ use super::{
     FlashTransformerEncoder, FlashTransformerEncoderInput, FusedLinearCrossEntropyLoss,
     TernaryLinear,
 };
+use crate::host::same_memory;
 use crate::ops::relu_squared::{relu_squared, relu_squared_linear};
 use crate::ops::rms_norm::rms_norm;
 use crate::ops::saved_rows::SavedPrecision;
@@ -227,7 +228,7 @@ impl<'a> Routed<'a> {
         // A table kept in host memory (a block not training) is read there: only the rows
         // looked up cross to the device, not the table.
         let device = tokens.device();
-        match weight.device().inner() == device.clone().inner() {
+        match same_memory(&weight.device(), &device) {
             true => embedding(weight, tokens),
             false => {
                 let host = weight.device();

@@ -12,7 +12,7 @@ use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
 use super::{HostOffloadError, InBackward, refuse_host};
-use crate::host::{read_back, upload};
+use crate::host::{read_back, same_memory, upload};
 
 /// The order in which [`BlockCoordinate`] visits the blocks, pass after pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -353,7 +353,7 @@ impl ModuleMapper for Home<'_> {
 fn place<const D: usize>(param: Param<Tensor<D>>, device: &Device) -> Param<Tensor<D>> {
     let value = param.val();
     let here = value.device();
-    if here.clone().inner() == device.clone().inner() {
+    if same_memory(&here, device) {
         return param;
     }
     let (id, value, mapper) = param.consume();
