@@ -2,6 +2,7 @@
 
 use std::time::Instant;
 
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::ModuleOptimizer;
 use burn::prelude::*;
 use burn_memwall::memory::{MemoryMeter, PoolBreakdown};
@@ -19,7 +20,8 @@ use super::{RunConfig, TrainingConfig};
 pub struct StepMeasurement {
     /// The highest step peak, split into pools. `gradients` is computed: one f32 per parameter
     /// (all alive before the optimizer step), or in backward the largest parameter's (one at a
-    /// time); `persistent` is measured after the last step.
+    /// time); `persistent` is measured after the last step, and `parameters` then are those on
+    /// the device (not those a block schedule keeps waiting in host memory).
     pub pools: PoolBreakdown,
     /// What the forward pass leaves alive for the backward pass (saved activations and the
     /// graph), measured at the loss: the most over the timed steps. (The warm-up step's
@@ -90,7 +92,6 @@ pub fn measure_training_steps(
         mut block_coordinate,
         ..
     } = stepping;
-    let parameter_bytes = sizes.bytes();
 
     let (mut peak, mut saved_activations) = (0u64, 0u64);
     let (mut timed_seconds, mut loss) = (0.0f64, f32::NAN);
@@ -125,6 +126,7 @@ pub fn measure_training_steps(
         )));
     }
     let persistent = meter.live_bytes().saturating_sub(start_bytes);
+    let parameter_bytes = sizes.bytes() - bytes_waiting_elsewhere(&model, &meter);
     let optimizer_state = persistent.saturating_sub(parameter_bytes);
     let seq_len = windows[0].len() - 1;
     Ok(StepMeasurement {
@@ -171,4 +173,20 @@ fn update(
         .expect("a model on an autodiff device");
     model.end_step();
     model
+}
+
+/// Bytes of `model`'s weights waiting in host memory, outside what `meter` reads.
+fn bytes_waiting_elsewhere(model: &LanguageModel, meter: &MemoryMeter) -> u64 {
+    struct Waiting<'a>(&'a MemoryMeter, u64);
+    impl ModuleVisitor for Waiting<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let value = param.val();
+            if !self.0.holds(&value) {
+                self.1 += (value.shape().num_elements() * value.dtype().size()) as u64;
+            }
+        }
+    }
+    let mut waiting = Waiting(meter, 0);
+    model.visit(&mut waiting);
+    waiting.1
 }

@@ -4,13 +4,16 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::CountingAllocator;
+use crate::host::same_memory;
 
 /// Reads live and peak bytes of one device.
 ///
 /// On Flex the numbers are heap bytes of the whole process (tensors dominate them during
 /// training); they need [`CountingAllocator`] installed. On Cube devices they are bytes reserved
-/// by the device's memory pools: the allocator only grows, so what is reserved after a step is
-/// at least what the step held at its peak (and at most that plus pool slack).
+/// by the device's memory pools, which release free pages only at a cleanup (CubeCL's own, now
+/// and then, or [`BlockCoordinate`](crate::optim::BlockCoordinate)'s at each switch): the peak
+/// is the sum of each pool's own peak, what the pools held at once when none released pages in
+/// between, and more than that when one did.
 #[derive(Clone, Debug)]
 pub struct MemoryMeter {
     device: Device,
@@ -27,6 +30,12 @@ impl MemoryMeter {
     /// Whether this device can be measured in this process.
     pub fn is_available(&self) -> bool {
         self.device.memory_pool_usage().is_some() || CountingAllocator::is_installed()
+    }
+
+    /// Whether `tensor` is in the memory this meter reads: on its device, not waiting in host
+    /// memory for it.
+    pub fn holds<const D: usize>(&self, tensor: &Tensor<D>) -> bool {
+        same_memory(&tensor.device(), &self.device)
     }
 
     /// What the readings count, for reports.
