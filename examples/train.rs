@@ -251,8 +251,8 @@ struct Args {
     #[arg(long, conflicts_with = "overwrite")]
     resume: bool,
     /// With `--resume`: settings that may change on purpose (learning_rate,
-    /// final_learning_rate, weight_decay, max_validation_steps, host_offload), recorded in
-    /// run.json.
+    /// final_learning_rate, weight_decay, max_validation_steps, host_offload,
+    /// weights_on_host), recorded in run.json.
     #[arg(long, value_delimiter = ',', requires = "resume")]
     allow_change: Vec<String>,
     /// Start a new run in `--artifacts` even if it holds one, deleting that run's files.

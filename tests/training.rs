@@ -938,8 +938,9 @@ fn block_coordinate_training_resumes_exactly_through_the_learner() {
 /// `memwall-badam` through the Learner with the waiting blocks' weights in host memory, on a
 /// device with memory of its own (lavapipe in CI): the same losses, bit for bit, as with every
 /// weight on the device, resumed after epoch 2 too (mid-turn: 5 steps per block in a random
-/// order), and the trained model comes back with every weight on the device. On Flex the run
-/// is refused before it starts, saying why.
+/// order), and the trained model comes back with every weight on the device; a run on the
+/// device resumed with them in host memory (allowed by name) continues as well. On Flex the
+/// run is refused before it starts, saying why.
 #[test]
 fn inactive_weights_in_host_memory_change_nothing_through_the_learner() {
     let _turn = common::take_turn();
@@ -976,6 +977,27 @@ fn inactive_weights_in_host_memory_change_nothing_through_the_learner() {
         )
         .unwrap();
         assert_eq!(losses(&resumed), losses(&on_device)[2..]);
+        // The device's run continued with its waiting weights in host memory, only when
+        // allowed: the same losses.
+        let (dir, _) = fresh(&badam(2, false));
+        let resume = |allow_change: &[&str]| {
+            let start = Start::Resume {
+                allow_change: allow_change.iter().map(|name| name.to_string()).collect(),
+            };
+            run(
+                &badam(3, true),
+                &device,
+                &Artifacts::new(dir.path()),
+                &start,
+            )
+        };
+        let refused = resume(&[]).unwrap_err().to_string();
+        assert!(
+            refused.contains("weights_on_host: false → true"),
+            "{refused}"
+        );
+        let moved = resume(&["weights_on_host"]).unwrap();
+        assert_eq!(losses(&moved), losses(&on_device)[2..]);
         struct OnHost(usize);
         impl burn::module::ModuleVisitor for OnHost {
             fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {

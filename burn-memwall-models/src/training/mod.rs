@@ -107,13 +107,16 @@ impl TrainingConfig {
     /// takes effect from the resumed step on and leaves the checkpoint's state valid (Burn's
     /// scheduler records hold step counts, not rates; an optimizer's records are the same with
     /// its state in host memory or on the device, but for the update on the host, whose masters
-    /// they keep: no resume turns that one on or off).
-    pub const RESUME_MAY_CHANGE: [&str; 5] = [
+    /// they keep: no resume turns that one on or off; a block schedule's records are the same
+    /// with the waiting blocks' weights in host memory or on the device, and `weights_on_host`
+    /// names that setting of [`Self::block_coordinate`]).
+    pub const RESUME_MAY_CHANGE: [&str; 6] = [
         "learning_rate",
         "final_learning_rate",
         "weight_decay",
         "max_validation_steps",
         "host_offload",
+        "weights_on_host",
     ];
 
     /// Checks the numbers once, before anything is built or written.
@@ -727,6 +730,32 @@ fn differences<C: Config>(saved: &C, now: &C) -> Vec<(String, String)> {
         .collect()
 }
 
+/// [`differences`] of two training configs, a block schedule that differs only in
+/// `weights_on_host` named by that setting (which a resume may change) rather than as
+/// `block_coordinate`.
+fn training_differences(saved: &TrainingConfig, now: &TrainingConfig) -> Vec<(String, String)> {
+    let mut changes = differences(saved, now);
+    if let (Some(saved), Some(now)) = (saved.block_coordinate, now.block_coordinate)
+        && saved.weights_on_host != now.weights_on_host
+        && now
+            == (BlockSchedule {
+                weights_on_host: now.weights_on_host,
+                ..saved
+            })
+    {
+        for (name, change) in &mut changes {
+            if name == "block_coordinate" {
+                *name = "weights_on_host".into();
+                *change = format!(
+                    "weights_on_host: {} → {}",
+                    saved.weights_on_host, now.weights_on_host
+                );
+            }
+        }
+    }
+    changes
+}
+
 fn listed(changes: &[(String, String)]) -> String {
     changes
         .iter()
@@ -794,7 +823,7 @@ fn resume_point(
         epochs: run.training.epochs,
         ..record.run.training.clone()
     };
-    let (allowed, refused): (Vec<_>, Vec<_>) = differences(&comparable, &run.training)
+    let (allowed, refused): (Vec<_>, Vec<_>) = training_differences(&comparable, &run.training)
         .into_iter()
         .partition(|(name, _)| allow_change.contains(name));
     if !refused.is_empty() {
