@@ -8,6 +8,8 @@
 //! cargo run --release --example budget -- --fit 6GiB --model llama-1b --seq 4096   # what fits, cheapest first
 //! cargo run --release --example budget -- --fit 4GiB --model llama-1b --seq 512 \
 //!     --precision bf16 --half-update stochastic-rounding --lora 16                 # a LoRA fine-tune in bf16
+//! cargo run --release --example budget -- --model llama-1b --seq 512 --memory cube \
+//!     --weights-on-host                            # one block at a time, the others' weights on the host
 //! ```
 //!
 //! Predictions, not measurements: the formulas are those of `burn_memwall_models::lm::step_budget`
@@ -19,7 +21,7 @@ use burn_memwall::memory::budget::{DeviceMemory, Pool};
 use burn_memwall::memory::{human_bytes, parse_bytes};
 use burn_memwall::optim::HalfPrecisionUpdate;
 use burn_memwall_models::lm::{LmConfig, LoraConfig, human_count};
-use burn_memwall_models::training::{Plan, Precision, find_stack};
+use burn_memwall_models::training::{Plan, Precision, every_stack, find_stack};
 use clap::{Parser, ValueEnum};
 
 #[path = "cli/weights.rs"]
@@ -70,6 +72,10 @@ struct Args {
     /// with their `train` flags.
     #[arg(long, value_parser = parse_bytes)]
     fit: Option<u64>,
+    /// The stacks that train one block at a time keep the waiting blocks' weights in host
+    /// memory (`train --weights-on-host`); with `--memory cube` only.
+    #[arg(long)]
+    weights_on_host: bool,
 }
 
 fn main() {
@@ -104,7 +110,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     if let Some(name) = &args.stack {
-        let stack = find_stack(name)?;
+        let stack = find_stack(name)?.with_weights_on_host(args.weights_on_host);
         let candidate = plan
             .candidates
             .iter()
@@ -129,11 +135,22 @@ fn plan(config: &LmConfig, args: &Args, precision: Precision) -> Result<Plan, St
             .validate(config)
             .map_err(|error| error.to_string())?;
     }
-    Plan::new(
+    if args.weights_on_host && matches!(args.memory, Memory::Flex) {
+        return Err(
+            "--weights-on-host needs a device with memory of its own (--memory cube): \
+                    Flex's memory is the host's"
+                .into(),
+        );
+    }
+    let stacks = every_stack()
+        .into_iter()
+        .map(|stack| stack.with_weights_on_host(args.weights_on_host));
+    Plan::of_stacks(
         config,
         shape,
         precision.half_update(),
         args.memory.device_memory(),
+        stacks,
     )
     .map_err(|error| error.to_string())
 }
@@ -208,9 +225,14 @@ fn fitting(args: &Args, plan: &Plan, available: u64) -> Result<(), Box<dyn std::
         extra += &format!(" --lora {rank}");
     }
     for candidate in fitting {
+        let schedule = candidate.stack.switches.block_coordinate;
+        let weights_on_host = match schedule.is_some_and(|schedule| schedule.weights_on_host) {
+            true => " --weights-on-host",
+            false => "",
+        };
         println!(
             "{:<24} {:>11} {:>9.2}×  cargo run --release --example train -- --model {} --seq {} \
-             --batch {} --stack {}{extra}",
+             --batch {} --stack {}{extra}{weights_on_host}",
             candidate.stack.name,
             human_bytes(candidate.peak),
             candidate.step_time,

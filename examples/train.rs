@@ -28,7 +28,7 @@ use burn_memwall_models::lm::{
 use burn_memwall_models::pretrained::Pretrained;
 use burn_memwall_models::training::{
     Artifacts, BlockSchedule, Candidate, LossCurve, NamedSwitches, Plan, Precision, RunConfig,
-    Start, Switches, TrainingConfig, find_stack, train,
+    Start, Switches, TrainingConfig, every_stack, find_stack, train,
 };
 use clap::{Parser, ValueEnum};
 
@@ -665,11 +665,16 @@ fn fit_stack(
     available: u64,
 ) -> Result<NamedSwitches, Box<dyn std::error::Error>> {
     let shape = args.weights.step_shape(precision, args.batch, args.seq);
-    let plan = Plan::new(
+    // With `--weights-on-host`, the stacks that train one block at a time as that flag runs them.
+    let stacks = every_stack()
+        .into_iter()
+        .map(|stack| stack.with_weights_on_host(args.weights_on_host));
+    let plan = Plan::of_stacks(
         model,
         shape,
         precision.half_update(),
         DeviceMemory::of(device),
+        stacks,
     )?;
     let keeps_the_model = |candidate: &&Candidate| {
         args.from.is_none()

@@ -14,7 +14,9 @@ use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LinearKind, LmConfig, LoraConfig, LossKind, MlpKind, PRESETS,
     SaverKind, StepShape, parameter_census, saved_activations,
 };
-use burn_memwall_models::training::{Candidate, Plan, Precision, StepOptimizer, Switches};
+use burn_memwall_models::training::{
+    Candidate, Plan, Precision, StepOptimizer, Switches, every_stack,
+};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -463,6 +465,44 @@ fn the_planner_picks_the_cheapest_stack_that_fits() {
         error.contains(&human_bytes(tight)) && error.contains(smallest.stack.name),
         "{error}"
     );
+}
+
+/// The planner with every stack that trains one block at a time keeping the waiting blocks'
+/// weights in host memory: refused on Flex (its memory is the host's); on Cube pools
+/// `memwall-badam`'s peak falls by more than half of `llama-1b`'s layers (22, of which the
+/// device keeps the training one and one waiting copy), and no other stack changes.
+#[test]
+fn the_planner_counts_the_waiting_weights_in_host_memory() {
+    let _turn = common::take_turn(); // its allocations would count in the heap readings
+    let config = LmConfig::preset("llama-1b").unwrap();
+    let plan = |memory, weights_on_host| {
+        let stacks = every_stack()
+            .into_iter()
+            .map(|stack| stack.with_weights_on_host(weights_on_host));
+        Plan::of_stacks(&config, StepShape::f32(1, 512), None, memory, stacks).unwrap()
+    };
+    assert!(
+        plan(DeviceMemory::Heap, true)
+            .not_modelled
+            .contains(&"memwall-badam")
+    );
+    let (on_device, on_host) = (
+        plan(DeviceMemory::Pools, false),
+        plan(DeviceMemory::Pools, true),
+    );
+    let layers = 4 * (config.param_count() - 2 * config.vocab_size * config.d_model) as u64;
+    for (device, host) in on_device.candidates.iter().zip(&on_host.candidates) {
+        assert_eq!(device.stack.name, host.stack.name);
+        match device.stack.name {
+            "memwall-badam" => assert!(
+                host.peak + layers / 2 < device.peak,
+                "{} → {}, layers {layers} B",
+                device.peak,
+                host.peak
+            ),
+            _ => assert_eq!(host.peak, device.peak, "{}", device.stack.name),
+        }
+    }
 }
 
 #[test]

@@ -950,7 +950,8 @@ fn weight_gradient_batches(batch: u64, seq: u64, d_out: u64) -> u64 {
 ///
 /// # Errors
 /// [`Error::InvalidConfig`] for the linears whose memory is not modelled yet (ternary; counter
-/// codes on pools) and for optimizer state in host memory on Flex (refused there), and
+/// codes on pools) and for optimizer state or waiting weights in host memory on Flex (refused
+/// there), and
 /// [`Error::SequenceTooLong`] for a sequence longer than the model's context.
 pub fn step_budget(
     config: &LmConfig,
@@ -990,10 +991,12 @@ fn trained_step_budget(
         });
     }
     let coding = Coding::modelled(config, shape, memory)?;
-    if optimizer.host_offload.is_some() && memory == DeviceMemory::Heap {
+    if (optimizer.host_offload.is_some() || optimizer.inactive_weights_on_host)
+        && memory == DeviceMemory::Heap
+    {
         return Err(Error::InvalidConfig(
-            "optimizer state in host memory needs a device with memory of its own: on Flex the \
-             device's memory is the host's, and the offload is refused"
+            "optimizer state or weights in host memory need a device with memory of its own: on \
+             Flex the device's memory is the host's, and the offload is refused"
                 .into(),
         ));
     }

@@ -94,8 +94,23 @@ impl Plan {
         half_precision: Option<HalfPrecisionUpdate>,
         memory: DeviceMemory,
     ) -> Result<Self, Error> {
+        Self::of_stacks(config, shape, half_precision, memory, every_stack())
+    }
+
+    /// [`Self::new`] for `stacks` (each named as in [`every_stack`], for its step time), such
+    /// as each stack [`NamedSwitches::with_weights_on_host`].
+    ///
+    /// # Errors
+    /// [`Error::SequenceTooLong`] when `shape.seq` is over the model's context.
+    pub fn of_stacks(
+        config: &LmConfig,
+        shape: StepShape,
+        half_precision: Option<HalfPrecisionUpdate>,
+        memory: DeviceMemory,
+        stacks: impl IntoIterator<Item = NamedSwitches>,
+    ) -> Result<Self, Error> {
         let (mut candidates, mut not_modelled) = (Vec::new(), Vec::new());
-        for stack in every_stack() {
+        for stack in stacks {
             let Some(&(_, step_time)) = STEP_TIME.iter().find(|(name, _)| *name == stack.name)
             else {
                 not_modelled.push(stack.name);

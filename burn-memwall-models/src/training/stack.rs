@@ -204,6 +204,17 @@ pub struct NamedSwitches {
     pub switches: Switches,
 }
 
+impl NamedSwitches {
+    /// This stack with [`BlockSchedule::weights_on_host`] set to `weights_on_host` when it
+    /// trains one block at a time; any other stack as it is.
+    pub fn with_weights_on_host(mut self, weights_on_host: bool) -> Self {
+        if let Some(schedule) = &mut self.switches.block_coordinate {
+            schedule.weights_on_host = weights_on_host;
+        }
+        self
+    }
+}
+
 const BASELINE: Switches = Stack::Baseline.switches();
 const FLASH_FUSED: Switches = Switches {
     attention: AttentionKind::Flash,
