@@ -351,6 +351,25 @@ fn only_the_active_blocks_state_is_kept() {
     }
 }
 
+/// A record loaded into the model after the schedule's first step (its parameters then carry
+/// the record's ids) trains as before: the active block moves, the others keep their bits.
+#[test]
+fn a_record_loaded_mid_run_trains_as_before() {
+    let _turn = common::take_turn();
+    let device = Device::flex().autodiff();
+    let mut schedule = schedule(BlockOrder::Ascending, 1);
+    let mut optimizer = adamw();
+    let model = train(model(&device), &mut schedule, &mut optimizer, 0..1, None);
+    // Another model's record (as a checkpoint written by another process): its ids.
+    let other = model.load_record(model_of(&WIDTHS, &device).into_record());
+    let before: Vec<_> = (0..3).map(|i| layer(&other, i)).collect();
+    let after = train(other, &mut schedule, &mut optimizer, 1..2, None);
+    for (i, before) in before.iter().enumerate() {
+        let moved = layer(&after, i) != *before;
+        assert_eq!(moved, i == 1, "layer {i} (layer 1 trains at step 1)");
+    }
+}
+
 /// At a switch the pages the ended turn's tensors took are given back to the device (a Cube
 /// pool keeps a freed tensor's pages reserved until a cleanup): the reserved bytes fall by at
 /// least the dropped moments'. Lavapipe in CI.

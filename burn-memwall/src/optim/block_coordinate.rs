@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use burn::config::Config;
-use burn::module::{Module, ModuleMapper, Param, ParamGroup, ParamId};
+use burn::module::{Module, ModuleMapper, Param, ParamGroup};
 use burn::optim::{ModuleOptimizer, OptimizerRecord};
 use burn::prelude::*;
 use rand::SeedableRng;
@@ -141,9 +141,10 @@ pub struct BlockCoordinateRecord {
 pub struct BlockCoordinate {
     config: BlockCoordinateConfig,
     steps: u64,
-    /// The parameters that trained before the first step (the rest were frozen by the user,
-    /// e.g. a LoRA base): a block never unfreezes those.
-    trainable: Option<HashSet<ParamId>>,
+    /// The paths of the parameters that trained before the first step (the rest were frozen
+    /// by the user, e.g. a LoRA base): a block never unfreezes those. Paths, not ids: loading a
+    /// record gives the parameters the record's ids.
+    trainable: Option<HashSet<String>>,
     /// Where the weights of the training block live when those of the others are in host
     /// memory.
     weights_home: Option<Device>,
@@ -237,10 +238,9 @@ impl BlockCoordinate {
     /// parameters drawn lazily, at their first read) has them drawn here one at a time, each
     /// moved to host memory at once when its block waits, so that the device never holds every
     /// weight. Call it on a fresh model before a run, and before a checkpoint's record loads
-    /// (which each parameter does where it is). Nothing is frozen here, and nothing is
-    /// remembered of the parameters (loading a record gives them its ids): the first
-    /// [`Self::begin_step`] does both. Without the inactive weights in host memory, `model` is
-    /// returned as it is.
+    /// (which each parameter does where it is). Nothing is frozen here, and which parameters
+    /// train at all is read at the first [`Self::begin_step`] (until then they may still be
+    /// frozen). Without the inactive weights in host memory, `model` is returned as it is.
     pub fn place<M: Module>(&mut self, model: M) -> M {
         match self.weights_home {
             Some(_) => self.arrange(model, false).0,
@@ -309,9 +309,9 @@ struct Freeze<'a> {
     always: Option<&'a ParamGroup>,
     pinned: Option<&'a ParamGroup>,
     weights_home: Option<&'a Device>,
-    /// The parameters that train at all (see [`BlockCoordinate`]'s field), filled on the
+    /// The paths of the parameters that train at all (see [`BlockCoordinate`]'s field), filled on the
     /// `first_call`.
-    trainable: &'a mut HashSet<ParamId>,
+    trainable: &'a mut HashSet<String>,
     first_call: bool,
     /// Whether `require_grad` is set, or only the weights placed.
     freeze: bool,
@@ -330,13 +330,13 @@ impl ModuleMapper for Freeze<'_> {
     }
 
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let path = self.path.join(".");
         if self.first_call && param.val().is_require_grad() {
-            self.trainable.insert(param.id);
+            self.trainable.insert(path.clone());
         }
-        if !self.trainable.contains(&param.id) {
+        if !self.trainable.contains(&path) {
             return param;
         }
-        let path = self.path.join(".");
         let in_group = |group: Option<&ParamGroup>| {
             group.is_some_and(|group| group.matches(&param.id, Some(&path)))
         };
