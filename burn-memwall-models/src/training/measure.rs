@@ -83,7 +83,9 @@ pub fn measure_training_steps(
     let mut stepping = run.stepping(device)?;
     let (mut model, sizes) = stepping.prepare(run.initial_model(&train_device, false)?);
     // Gradients of the trained parameters: all at once after backward, or one at a time in it.
-    let gradient_bytes = (run.training.optimizer)
+    let gradient_bytes = run
+        .training
+        .optimizer
         .plan(precision.half_update())
         .gradients(&sizes)
         .bytes();
@@ -141,12 +143,10 @@ pub fn measure_training_steps(
 /// once and keeps (thread pools, per-thread matmul scratch sized by the largest product, the
 /// autodiff server) is not counted as the measured model's persistent state.
 fn warm_up_runtime(run: &RunConfig, windows: &[Vec<u32>], device: &Device) -> Result<(), Error> {
-    let batch = LmBatcher::batch_windows(
-        &windows[..run.training.batch_size],
-        &device.clone().autodiff(),
-    );
+    let train_device = device.clone().autodiff();
+    let batch = LmBatcher::batch_windows(&windows[..run.training.batch_size], &train_device);
     let mut stepping = run.stepping(device)?;
-    let (mut model, _) = stepping.prepare(run.initial_model(&device.clone().autodiff(), false)?);
+    let (mut model, _) = stepping.prepare(run.initial_model(&train_device, false)?);
     let mut optimizer = stepping.optimizer;
     // Trained one block at a time here too: a Cube pool would keep every block's state reserved.
     if let Some(schedule) = &mut stepping.block_coordinate {
