@@ -203,8 +203,9 @@ impl BlockCoordinate {
     /// optimizer state of the one before (unless it is [`InactiveState::Kept`]), from
     /// `optimizer` and from `in_backward` when it keeps state per parameter
     /// ([`super::InBackwardTraining`]'s runs do). With the inactive weights in host memory, moves
-    /// the weights of the block whose turn ended there and brings the active block's back. Call
-    /// it before the forward pass, which is when autodiff reads `require_grad`.
+    /// the weights of the block whose turn ended there and brings the active block's back. At a
+    /// switch, gives the device back the pages its pools hold empty. Call it before the forward
+    /// pass, which is when autodiff reads `require_grad`.
     pub fn begin_step<M: Module>(
         &mut self,
         model: M,
@@ -226,7 +227,8 @@ impl BlockCoordinate {
         // once. (Measured on lavapipe, `small` with the waiting weights in host memory: 70.5
         // MiB reserved after the table's first forward, 33.3 MiB with them released.)
         if let (true, Some(device)) = (switch, device) {
-            // After the frees queued before it (the dropped state's, the moved weights').
+            // After the frees queued before it (the dropped state's, the moved weights'). A
+            // device that failed says so at the step's first read.
             let _ = device.sync();
             device.memory_cleanup();
         }
