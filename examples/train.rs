@@ -149,9 +149,11 @@ struct Args {
     #[arg(long, default_value = "memwall")]
     stack: String,
     /// Pick the stack by the memory budget: the cheapest in step time whose predicted peak
-    /// fits in this much memory (e.g. 6GiB, 8GB), or stop with the smallest that would work.
-    /// Flex only so far.
-    #[arg(long, value_parser = parse_bytes, conflicts_with_all = ["stack", "attention", "blocks", "linear", "loss", "savers"])]
+    /// fits in this much memory (e.g. 6GiB, 8GB) on the device, or stop with the smallest that
+    /// would work. `--switch-every`, `--block-order` and `--weights-on-host` then set the
+    /// schedule of a chosen stack that trains one block at a time (the planner counts the
+    /// waiting weights in host memory), and turn none on.
+    #[arg(long, value_parser = parse_bytes, conflicts_with_all = ["stack", "attention", "blocks", "linear", "loss", "savers", "offload", "keep_block_state"])]
     fit: Option<u64>,
     /// Train one block of the model at a time (BAdam), this many steps each (memwall-badam:
     /// 50); the optimizer then holds one block's state.
@@ -370,14 +372,21 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(base) = &base_config {
         keep_the_function(&mut switches, base, &args)?;
     }
-    if args.switch_every.is_some()
+    let sets_schedule = args.switch_every.is_some()
         || args.block_order.is_some()
         || args.keep_block_state
-        || args.weights_on_host
-    {
-        let schedule = switches
-            .block_coordinate
-            .get_or_insert(BlockSchedule::BADAM);
+        || args.weights_on_host;
+    // The flags turn a schedule on, but on a stack that `--fit` chose they only set the one it
+    // has, as the planner counted it.
+    let schedule = match args.fit {
+        Some(_) => switches.block_coordinate.as_mut(),
+        None => Some(
+            switches
+                .block_coordinate
+                .get_or_insert(BlockSchedule::BADAM),
+        ),
+    };
+    if let (true, Some(schedule)) = (sets_schedule, schedule) {
         schedule.switch_every = args.switch_every.unwrap_or(schedule.switch_every);
         schedule.order = match args.block_order {
             None => schedule.order,
