@@ -311,8 +311,8 @@ struct Freeze<'a> {
     always: Option<&'a ParamGroup>,
     pinned: Option<&'a ParamGroup>,
     weights_home: Option<&'a Device>,
-    /// The paths of the parameters that train at all (see [`BlockCoordinate`]'s field), filled on the
-    /// `first_call`.
+    /// The paths of the parameters that train at all (see [`BlockCoordinate`]'s field), filled
+    /// on the `first_call`.
     trainable: &'a mut HashSet<String>,
     first_call: bool,
     /// Whether `require_grad` is set, or only the weights placed.
