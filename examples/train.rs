@@ -378,15 +378,12 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         || args.weights_on_host;
     // The flags turn a schedule on, but on a stack that `--fit` chose they only set the one it
     // has, as the planner counted it.
-    let schedule = match args.fit {
-        Some(_) => switches.block_coordinate.as_mut(),
-        None => Some(
-            switches
-                .block_coordinate
-                .get_or_insert(BlockSchedule::BADAM),
-        ),
-    };
-    if let (true, Some(schedule)) = (sets_schedule, schedule) {
+    if sets_schedule && args.fit.is_none() {
+        switches
+            .block_coordinate
+            .get_or_insert(BlockSchedule::BADAM);
+    }
+    if let (true, Some(schedule)) = (sets_schedule, &mut switches.block_coordinate) {
         schedule.switch_every = args.switch_every.unwrap_or(schedule.switch_every);
         schedule.order = match args.block_order {
             None => schedule.order,
