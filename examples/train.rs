@@ -19,7 +19,7 @@ use burn_memwall::device::describe;
 use burn_memwall::memory::budget::DeviceMemory;
 use burn_memwall::memory::{CountingAllocator, MemoryMeter, human_bytes, parse_bytes};
 use burn_memwall::ops::saved_rows::SavedPrecision;
-use burn_memwall::optim::{BlockOrder, HostOffload, InactiveState};
+use burn_memwall::optim::{BlockOrder, HostOffload};
 use burn_memwall_models::data::{Corpus, TextTokenizer, load_text, split_text};
 use burn_memwall_models::lm::{
     AttentionKind, BlockKind, LinearKind, LmConfig, LoraConfig, LossKind, MlpKind, PRESETS,
@@ -27,8 +27,8 @@ use burn_memwall_models::lm::{
 };
 use burn_memwall_models::pretrained::Pretrained;
 use burn_memwall_models::training::{
-    Artifacts, BlockSchedule, Candidate, LossCurve, NamedSwitches, Plan, Precision, RunConfig,
-    Start, Switches, TrainingConfig, every_stack, find_stack, train,
+    Artifacts, Candidate, LossCurve, NamedSwitches, Overrides, Plan, Precision, RunConfig,
+    ScheduleOverrides, Start, Switches, TrainingConfig, every_stack, find_stack, train,
 };
 use clap::{Parser, ValueEnum};
 
@@ -330,73 +330,26 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     };
-    let stack = match args.fit {
-        None => find_stack(&args.stack)?,
-        Some(available) => fit_stack(&model, &args, precision, &device, available)?,
+    let overrides = overrides(&args);
+    let (stack, mut switches) = match args.fit {
+        None => {
+            let stack = find_stack(&args.stack)?;
+            (stack, stack.switches.with_overrides(overrides))
+        }
+        // The schedule flags set the schedule of the stack chosen, if it has one, and turn none
+        // on: the run is the stack that the planner counted (the part flags are refused).
+        Some(available) => {
+            let stack = fit_stack(&model, &args, precision, &device, available)?;
+            let switches = Switches {
+                block_coordinate: overrides.schedule.set(stack.switches.block_coordinate),
+                ..stack.switches
+            };
+            (stack, switches)
+        }
     };
-    let mut switches = stack.switches;
-    if let Some(attention) = args.attention {
-        switches.attention = match attention {
-            AttentionArg::Burn => AttentionKind::Burn,
-            AttentionArg::Flash => AttentionKind::Flash,
-        };
-    }
-    if let Some(blocks) = args.blocks {
-        switches.blocks = match blocks {
-            BlocksArg::Standard => BlockKind::Standard,
-            BlocksArg::Reversible => BlockKind::Reversible,
-        };
-    }
-    if let Some(linear) = args.linear {
-        switches.linear = match linear {
-            LinearArg::Dense => LinearKind::Dense,
-            LinearArg::Ternary => LinearKind::Ternary,
-            LinearArg::Counter => LinearKind::Counter,
-            LinearArg::CounterAll => LinearKind::CounterAll,
-        };
-    }
-    if let Some(loss) = args.loss {
-        switches.loss = match loss {
-            LossArg::Burn => LossKind::Burn,
-            LossArg::Fused => LossKind::Fused,
-        };
-    }
-    if let Some(savers) = args.savers {
-        (switches.savers, switches.saved_precision) = match savers {
-            SaversArg::None => (SaverKind::Burn, SavedPrecision::Full),
-            SaversArg::Exact => (SaverKind::Exact, SavedPrecision::Full),
-            SaversArg::Int8 => (SaverKind::Exact, SavedPrecision::Int8),
-            SaversArg::Int4 => (SaverKind::Exact, SavedPrecision::Int4),
-        };
-    }
     if let Some(base) = &base_config {
         keep_the_function(&mut switches, base, &args)?;
     }
-    let sets_schedule = args.switch_every.is_some()
-        || args.block_order.is_some()
-        || args.keep_block_state
-        || args.weights_on_host;
-    // The flags turn a schedule on, but on a stack that `--fit` chose they only set the one it
-    // has, as the planner counted it.
-    if sets_schedule && args.fit.is_none() {
-        switches
-            .block_coordinate
-            .get_or_insert(BlockSchedule::BADAM);
-    }
-    if let (true, Some(schedule)) = (sets_schedule, &mut switches.block_coordinate) {
-        schedule.switch_every = args.switch_every.unwrap_or(schedule.switch_every);
-        schedule.order = match args.block_order {
-            None => schedule.order,
-            Some(BlockOrderArg::Ascending) => BlockOrder::Ascending,
-            Some(BlockOrderArg::Descending) => BlockOrder::Descending,
-            Some(BlockOrderArg::Random) => BlockOrder::Random { seed: args.seed },
-        };
-        if args.keep_block_state {
-            schedule.inactive_state = InactiveState::Kept;
-        }
-        schedule.weights_on_host |= args.weights_on_host;
-    }
-    switches.host_offload = args.offload.or(switches.host_offload);
     let optimizer = switches.apply(&mut model);
     let lora = args.weights.lora.map(|rank| {
         let alpha = args.lora_alpha.unwrap_or(2.0 * rank as f64);
@@ -631,6 +584,47 @@ fn plot_loss(
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+/// The parts and schedule settings that the flags choose beside the stack.
+fn overrides(args: &Args) -> Overrides {
+    Overrides {
+        attention: args.attention.map(|attention| match attention {
+            AttentionArg::Burn => AttentionKind::Burn,
+            AttentionArg::Flash => AttentionKind::Flash,
+        }),
+        loss: args.loss.map(|loss| match loss {
+            LossArg::Burn => LossKind::Burn,
+            LossArg::Fused => LossKind::Fused,
+        }),
+        blocks: args.blocks.map(|blocks| match blocks {
+            BlocksArg::Standard => BlockKind::Standard,
+            BlocksArg::Reversible => BlockKind::Reversible,
+        }),
+        linear: args.linear.map(|linear| match linear {
+            LinearArg::Dense => LinearKind::Dense,
+            LinearArg::Ternary => LinearKind::Ternary,
+            LinearArg::Counter => LinearKind::Counter,
+            LinearArg::CounterAll => LinearKind::CounterAll,
+        }),
+        savers: args.savers.map(|savers| match savers {
+            SaversArg::None => (SaverKind::Burn, SavedPrecision::Full),
+            SaversArg::Exact => (SaverKind::Exact, SavedPrecision::Full),
+            SaversArg::Int8 => (SaverKind::Exact, SavedPrecision::Int8),
+            SaversArg::Int4 => (SaverKind::Exact, SavedPrecision::Int4),
+        }),
+        host_offload: args.offload,
+        schedule: ScheduleOverrides {
+            switch_every: args.switch_every,
+            order: args.block_order.map(|order| match order {
+                BlockOrderArg::Ascending => BlockOrder::Ascending,
+                BlockOrderArg::Descending => BlockOrder::Descending,
+                BlockOrderArg::Random => BlockOrder::Random { seed: args.seed },
+            }),
+            keep_state: args.keep_block_state,
+            weights_on_host: args.weights_on_host,
+        },
+    }
 }
 
 /// Keeps the base model's blocks and linears, which define the function its weights compute:

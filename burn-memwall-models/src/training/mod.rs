@@ -32,7 +32,9 @@ pub use measure::{StepMeasurement, measure_training_steps};
 pub use optimizer::{BlockSchedule, Precision, StepOptimizer};
 pub use plan::{Candidate, Plan};
 pub use progress::{EpochRecord, ProgressLog, ProgressRenderer};
-pub use stack::{NamedSwitches, PARTS, Stack, Switches, every_stack, find_stack};
+pub use stack::{
+    NamedSwitches, Overrides, PARTS, ScheduleOverrides, Stack, Switches, every_stack, find_stack,
+};
 pub use step::{LmOutput, MeanLoss, PerplexityFromLoss};
 
 use crate::Error;

@@ -3,7 +3,9 @@
 
 use burn_memwall::memory::budget::OptimizerPlan;
 use burn_memwall::ops::saved_rows::SavedPrecision;
-use burn_memwall::optim::{HalfPrecisionUpdate, HostOffload, MomentBits};
+use burn_memwall::optim::{
+    BlockOrder, HalfPrecisionUpdate, HostOffload, InactiveState, MomentBits,
+};
 
 use crate::Error;
 use crate::lm::{AttentionKind, BlockKind, LinearKind, LmConfig, LossKind, SaverKind};
@@ -197,6 +199,75 @@ impl Switches {
     }
 }
 
+/// Parts chosen beside a stack (`train`'s flags): each one given replaces the stack's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Overrides {
+    pub attention: Option<AttentionKind>,
+    pub loss: Option<LossKind>,
+    pub blocks: Option<BlockKind>,
+    pub linear: Option<LinearKind>,
+    /// What the norms and the MLP's activation keep for backward, and in which precision.
+    pub savers: Option<(SaverKind, SavedPrecision)>,
+    pub host_offload: Option<HostOffload>,
+    pub schedule: ScheduleOverrides,
+}
+
+/// Settings of block-coordinate training chosen beside a stack; each one given replaces the
+/// stack's schedule's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScheduleOverrides {
+    pub switch_every: Option<usize>,
+    pub order: Option<BlockOrder>,
+    /// Keep each block's optimizer state for its next turn ([`InactiveState::Kept`]).
+    pub keep_state: bool,
+    pub weights_on_host: bool,
+}
+
+impl ScheduleOverrides {
+    /// `schedule` with these settings; if there is none and any setting is given, BAdam's
+    /// with them: a schedule setting alone asks for block-coordinate training.
+    pub fn turn_on(self, schedule: Option<BlockSchedule>) -> Option<BlockSchedule> {
+        match self == Self::default() {
+            true => schedule,
+            false => self.set(Some(schedule.unwrap_or(BlockSchedule::BADAM))),
+        }
+    }
+
+    /// `schedule`, if there is one, with these settings; none is turned on.
+    pub fn set(self, schedule: Option<BlockSchedule>) -> Option<BlockSchedule> {
+        schedule.map(|schedule| BlockSchedule {
+            switch_every: self.switch_every.unwrap_or(schedule.switch_every),
+            order: self.order.unwrap_or(schedule.order),
+            inactive_state: match self.keep_state {
+                true => InactiveState::Kept,
+                false => schedule.inactive_state,
+            },
+            weights_on_host: self.weights_on_host || schedule.weights_on_host,
+        })
+    }
+}
+
+impl Switches {
+    /// These switches with each part that `overrides` gives in place of theirs; its schedule
+    /// settings [turn block-coordinate training on](ScheduleOverrides::turn_on).
+    pub fn with_overrides(self, overrides: Overrides) -> Self {
+        let (savers, saved_precision) = overrides
+            .savers
+            .unwrap_or((self.savers, self.saved_precision));
+        Self {
+            attention: overrides.attention.unwrap_or(self.attention),
+            loss: overrides.loss.unwrap_or(self.loss),
+            blocks: overrides.blocks.unwrap_or(self.blocks),
+            linear: overrides.linear.unwrap_or(self.linear),
+            savers,
+            saved_precision,
+            optimizer: self.optimizer,
+            block_coordinate: overrides.schedule.turn_on(self.block_coordinate),
+            host_offload: overrides.host_offload.or(self.host_offload),
+        }
+    }
+}
+
 /// A stack by name: one of the named [`Stack`]s or of the [`PARTS`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NamedSwitches {
@@ -369,4 +440,105 @@ pub fn find_stack(name: &str) -> Result<NamedSwitches, Error> {
                 names.join(", ")
             ))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_override_changes_no_stack() {
+        for stack in every_stack() {
+            let switches = stack.switches;
+            assert_eq!(
+                switches.with_overrides(Overrides::default()),
+                switches,
+                "{}",
+                stack.name
+            );
+        }
+    }
+
+    #[test]
+    fn a_part_override_replaces_that_part_only() {
+        let memwall = Stack::Memwall.switches();
+        let overridden = memwall.with_overrides(Overrides {
+            attention: Some(AttentionKind::Burn),
+            savers: Some((SaverKind::Exact, SavedPrecision::Int4)),
+            host_offload: Some(HostOffload::Update),
+            ..Overrides::default()
+        });
+        assert_eq!(
+            overridden,
+            Switches {
+                attention: AttentionKind::Burn,
+                saved_precision: SavedPrecision::Int4,
+                host_offload: Some(HostOffload::Update),
+                ..memwall
+            }
+        );
+        assert_ne!(memwall.attention, AttentionKind::Burn);
+        assert_ne!(memwall.saved_precision, SavedPrecision::Int4);
+    }
+
+    #[test]
+    fn a_schedule_setting_turns_block_coordinate_training_on() {
+        let memwall = Stack::Memwall.switches();
+        assert_eq!(memwall.block_coordinate, None);
+        let every_three = ScheduleOverrides {
+            switch_every: Some(3),
+            ..ScheduleOverrides::default()
+        };
+        let schedule = memwall
+            .with_overrides(Overrides {
+                schedule: every_three,
+                ..Overrides::default()
+            })
+            .block_coordinate;
+        assert_eq!(
+            schedule,
+            Some(BlockSchedule {
+                switch_every: 3,
+                ..BlockSchedule::BADAM
+            })
+        );
+        let on_host = ScheduleOverrides {
+            weights_on_host: true,
+            ..ScheduleOverrides::default()
+        };
+        assert_eq!(
+            on_host.turn_on(None),
+            Some(BlockSchedule {
+                weights_on_host: true,
+                ..BlockSchedule::BADAM
+            })
+        );
+    }
+
+    #[test]
+    fn setting_a_schedule_keeps_what_is_not_given_and_turns_none_on() {
+        let badam = Stack::MemwallBadam.switches().block_coordinate;
+        let own = BlockSchedule {
+            switch_every: 7,
+            order: BlockOrder::Ascending,
+            inactive_state: InactiveState::Dropped,
+            weights_on_host: false,
+        };
+        assert_ne!(badam, Some(own));
+        let random_kept = ScheduleOverrides {
+            order: Some(BlockOrder::Random { seed: 5 }),
+            keep_state: true,
+            ..ScheduleOverrides::default()
+        };
+        assert_eq!(
+            random_kept.set(Some(own)),
+            Some(BlockSchedule {
+                order: BlockOrder::Random { seed: 5 },
+                inactive_state: InactiveState::Kept,
+                ..own
+            })
+        );
+        assert_eq!(random_kept.set(None), None);
+        assert_eq!(random_kept.turn_on(Some(own)), random_kept.set(Some(own)));
+    }
 }
