@@ -70,15 +70,19 @@ fn schedule_with(
     switch_every: usize,
     inactive_state: InactiveState,
 ) -> BlockCoordinate {
-    let blocks = (0..WIDTHS.len() - 1)
-        .map(|i| ParamGroup::from_regex(format!(r"^layers\.{i}\.")).unwrap())
-        .collect();
-    BlockCoordinateConfig::new(blocks)
+    BlockCoordinateConfig::new(layer_blocks(WIDTHS.len() - 1))
         .with_switch_every(switch_every)
         .with_order(order)
         .with_inactive_state(inactive_state)
         .init()
         .unwrap()
+}
+
+/// The first `count` layers, each a block.
+fn layer_blocks(count: usize) -> Vec<ParamGroup> {
+    (0..count)
+        .map(|i| ParamGroup::from_regex(format!(r"^layers\.{i}\.")).unwrap())
+        .collect()
 }
 
 /// Inputs of step `step`, computed on the host.
@@ -386,10 +390,7 @@ fn a_switch_gives_the_ended_turns_pages_back() {
     };
     // A large first layer, whose 16 MiB of moments have no use in the small second one's turn.
     let widths = [1024, 2048, 8];
-    let blocks = (0..2)
-        .map(|i| ParamGroup::from_regex(format!(r"^layers\.{i}\.")).unwrap())
-        .collect();
-    let mut schedule = BlockCoordinateConfig::new(blocks)
+    let mut schedule = BlockCoordinateConfig::new(layer_blocks(2))
         .with_switch_every(1)
         .with_order(BlockOrder::Ascending)
         .init()
