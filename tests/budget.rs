@@ -523,17 +523,20 @@ mod cube_pools {
     use burn_memwall_models::lm::step_budget;
     use burn_memwall_models::training::find_stack;
 
-    /// The models, stacks and sequence lengths the pools test measures on wgpu, one process each (a
-    /// pool's high-water mark cannot be reset): one of each peak phase's kind that wins on `tiny`,
-    /// one block at a time (a whole pass, the pools' mark the worst block's), Burn's optimizers, whose rewritten parameters leave their slots reserved (in backward at
-    /// once, after backward over the first steps), a `small` row, whose `[vocab, d]` tensors
-    /// grow the arena's pages, the state in host memory on `small` (its read-back copies, one
-    /// per size of state tensor, are 8 MiB of its 94) and the update on the host (no state on
-    /// the device; the gradients' read-back copies).
-    const POOL_CASES: [(&str, &str, usize); 10] = [
+    /// The models, stacks and sequence lengths the pools test measures on wgpu, one process each
+    /// (a pool's high-water mark cannot be reset): one of each peak phase's kind that wins on
+    /// `tiny`, one block at a time (a whole pass, the pools' mark the worst block's), Burn's
+    /// optimizers, whose rewritten parameters leave their slots reserved (in backward at once,
+    /// after backward over the first steps), a `small` row, whose `[vocab, d]` tensors grow the
+    /// arena's pages, the state in host memory on `small` (its read-back copies, one per size of
+    /// state tensor, are 8 MiB of its 94), the update on the host (no state on the device; the
+    /// gradients' read-back copies) and plain SGD written in place (its parameters stay in their
+    /// slots, where `in-backward-sgd`'s Burn SGD leaves 4 MiB of them reserved and empty).
+    const POOL_CASES: [(&str, &str, usize); 11] = [
         ("tiny", "baseline", 64),
         ("tiny", "in-backward-sgd", 64),
         ("tiny", "memwall", 64),
+        ("tiny", "memwall-sgd", 64),
         ("tiny", "memwall-badam", 64),
         ("tiny", "baseline", 256),
         ("tiny", "flash+fused", 256),

@@ -51,7 +51,7 @@ fn pairs() -> Vec<Pair> {
             },
             || {
                 FusedSgdConfig::new()
-                    .with_momentum(momentum(false))
+                    .with_momentum(Some(momentum(false)))
                     .with_weight_decay(Some(WeightDecayConfig::new(0.05)))
                     .init()
             },
@@ -59,7 +59,24 @@ fn pairs() -> Vec<Pair> {
         (
             "sgd + nesterov",
             || SgdConfig::new().with_momentum(Some(momentum(true))).init(),
-            || FusedSgdConfig::new().with_momentum(momentum(true)).init(),
+            || {
+                FusedSgdConfig::new()
+                    .with_momentum(Some(momentum(true)))
+                    .init()
+            },
+        ),
+        (
+            "sgd + L2",
+            || {
+                SgdConfig::new()
+                    .with_weight_decay(Some(WeightDecayConfig::new(0.05)))
+                    .init()
+            },
+            || {
+                FusedSgdConfig::new()
+                    .with_weight_decay(Some(WeightDecayConfig::new(0.05)))
+                    .init()
+            },
         ),
         (
             "lion + decay",

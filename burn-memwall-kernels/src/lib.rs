@@ -11,7 +11,7 @@
 //! - [`packed_matmul`]: products with a packed ternary weight, decoded inside the GEMM;
 //! - [`adamw`]: the AdamW update of a parameter and its moments, in place;
 //! - [`low_bit_adamw`]: the same with the moments kept in 8 or 4 bits, block by block;
-//! - [`momentum`]: the single-moment update (SGD with momentum, Lion), in place;
+//! - [`momentum`]: the single-moment update (SGD with momentum, Lion) and plain SGD's, in place;
 //! - [`rounding`]: stochastic rounding of f32 values to bf16 or f16;
 //! - [`saved_rows`]: activations packed in 8 or 4 bits for backward, and restored;
 //! - [`rms_norm`]: RMSNorm's forward with its row scales, and its backward from the output;

@@ -1,6 +1,6 @@
-//! The single-moment update of one parameter in one pass (SGD with momentum, Lion): the moment
-//! and the parameter are read once and written back in place, the gradient is read once.
-//! Arithmetic in f32 for every storage dtype.
+//! The update of one parameter with one moment (SGD with momentum, Lion) or none (plain SGD)
+//! in one pass: the parameter (and the moment) are read once and written back in place, the
+//! gradient is read once. Arithmetic in f32 for every storage dtype.
 
 use cubecl::prelude::*;
 
@@ -38,4 +38,22 @@ pub fn momentum_update_kernel<F: Float>(
         u = select(u > 0.0, 1.0f32, select(u < 0.0, -1.0f32, 0.0f32));
     }
     param[i] = F::cast_from(decay * w - learning_rate * u);
+}
+
+/// Plain SGD: `w' = w − lr·(g + l2·w)`. Both tensors are contiguous with one shape.
+#[cube(launch)]
+pub fn sgd_update_kernel<F: Float>(
+    param: &mut Tensor<F>,
+    grad: &Tensor<F>,
+    l2: f32,
+    learning_rate: f32,
+    #[define(F)] _dtype: ElemType,
+) {
+    let i = ABSOLUTE_POS;
+    if i >= param.len() {
+        terminate!();
+    }
+    let w = f32::cast_from(param[i]);
+    let g = f32::cast_from(grad[i]) + l2 * w;
+    param[i] = F::cast_from(w - learning_rate * g);
 }

@@ -1,5 +1,6 @@
 //! Which optimizer trains the model, and whether it steps during backward.
 
+use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamWConfig, ModuleOptimizer, Optimizer, SgdConfig};
 use burn::prelude::Device;
 use burn::tensor::FloatDType;
@@ -93,6 +94,9 @@ pub enum StepOptimizer {
     /// burn-memwall's in-place [`FusedSgd`](burn_memwall::optim::FusedSgd) (momentum 0.9,
     /// dampening 0.1) applied during backward.
     InBackwardFusedSgd,
+    /// [`FusedSgd`](burn_memwall::optim::FusedSgd) without momentum, applied during backward:
+    /// `InBackwardSgd`'s math and no state, each parameter written in its own buffer.
+    InBackwardFusedPlainSgd,
     /// burn-memwall's [`LowBitAdamW`](burn_memwall::optim::LowBitAdamW), both moments in 8 or
     /// 4 bits, applied during backward.
     InBackwardLowBitAdamW(MomentBits),
@@ -136,7 +140,12 @@ impl StepOptimizer {
                     .build(),
             ),
             Self::InBackwardSgd => decorations.apply(SgdConfig::new().build()),
-            Self::InBackwardFusedSgd => decorations.apply(FusedSgdConfig::new().build()),
+            Self::InBackwardFusedSgd => decorations.apply(
+                FusedSgdConfig::new()
+                    .with_momentum(Some(MomentumConfig::new()))
+                    .build(),
+            ),
+            Self::InBackwardFusedPlainSgd => decorations.apply(FusedSgdConfig::new().build()),
         }
     }
 
@@ -151,7 +160,7 @@ impl StepOptimizer {
             Self::AdamW | Self::InBackwardAdamW => (Moments::F32(2), 1),
             Self::InBackwardFusedAdamW => (Moments::F32(2), 0),
             Self::InBackwardLowBitAdamW(bits) => (Moments::Coded(bits), 0),
-            Self::InBackwardSgd => (Moments::F32(0), 0),
+            Self::InBackwardSgd | Self::InBackwardFusedPlainSgd => (Moments::F32(0), 0),
             Self::InBackwardFusedSgd => (Moments::F32(1), 0),
         };
         let timing = match self {
@@ -167,6 +176,7 @@ impl StepOptimizer {
                 Self::InBackwardFusedAdamW
                     | Self::InBackwardLowBitAdamW(_)
                     | Self::InBackwardFusedSgd
+                    | Self::InBackwardFusedPlainSgd
             ),
             half_precision,
             one_block_at_a_time: None,

@@ -23,7 +23,8 @@ pub enum Stack {
     /// backward. The same parameters as
     /// the baseline, trained by the same optimizer's math.
     Memwall,
-    /// `memwall` with plain SGD during backward: no optimizer state at all.
+    /// `memwall` with plain SGD during backward, written in place (`FusedSgd` without
+    /// momentum): no optimizer state at all.
     MemwallSgd,
     /// `memwall` with every matrix a 6-bit counter code (the blocks' linears, the embedding and
     /// the head: their optimizer lives in the weight code); the norms stay dense and train with
@@ -118,7 +119,7 @@ impl Stack {
             Self::Baseline => BASELINE,
             Self::Memwall => MEMWALL,
             Self::MemwallSgd => Switches {
-                optimizer: StepOptimizer::InBackwardSgd,
+                optimizer: StepOptimizer::InBackwardFusedPlainSgd,
                 ..MEMWALL
             },
             Self::MemwallCounter => Switches {

@@ -11,31 +11,30 @@ use burn::optim::{
 use burn::prelude::*;
 
 use super::with_clipping;
-use crate::ops::momentum_update::{MomentumStep, momentum_update};
+use crate::ops::momentum_update::{MomentumStep, momentum_update, sgd_update};
 
 /// [`FusedSgd`]'s settings, with the meaning of `burn::optim::SgdConfig`'s.
 #[derive(Config, Debug)]
 pub struct FusedSgdConfig {
-    /// Momentum, dampening and Nesterov, as `burn::optim::SgdConfig`'s.
-    #[config(default = "MomentumConfig::new()")]
-    pub momentum: MomentumConfig,
+    /// Momentum, dampening and Nesterov, as `burn::optim::SgdConfig`'s; none is plain SGD,
+    /// which has no state.
+    pub momentum: Option<MomentumConfig>,
     /// L2 penalty added to the gradient (coupled weight decay, as in Burn's SGD).
     pub weight_decay: Option<WeightDecayConfig>,
     /// Per-tensor clipping, applied by the `ModuleOptimizer` that [`Self::init`] returns.
     pub grad_clipping: Option<GradientClippingConfig>,
 }
 
-/// SGD with momentum whose per-parameter step is one fused, in-place pass
-/// (`ops/momentum_update`). The math is `burn::optim::Sgd`'s, and its state is saved
-/// under the names of Burn's `SgdState` (a checkpoint of either loads into the other); Burn's
-/// step makes about four parameter-sized temporaries and the new weights beside the old ones,
-/// this one writes the weights and the velocity where they are when nothing else holds them.
-///
-/// Momentum is required: SGD without it has no state, and Burn's `Sgd` then makes a single new
-/// tensor per step.
+/// SGD whose per-parameter step is one fused, in-place pass (`ops/momentum_update`). The math
+/// is `burn::optim::Sgd`'s, and its state is saved under the names of Burn's `SgdState` (a
+/// checkpoint of either loads into the other). Burn's step makes its result in another buffer
+/// (with momentum about four parameter-sized temporaries beside it); this one writes the
+/// weights, and the velocity with momentum, where they are when nothing else holds them. On
+/// Cube devices that keeps each parameter in its persistent slot: Burn's SGD moves it out and
+/// leaves the slot reserved and empty, the parameters then held twice.
 #[derive(Clone, Debug)]
 pub struct FusedSgd {
-    momentum: MomentumConfig,
+    momentum: Option<MomentumConfig>,
     l2: f32,
 }
 
@@ -74,10 +73,13 @@ impl Optimizer for FusedSgd {
         grad: Tensor<D>,
         state: Option<Self::State<D>>,
     ) -> (Tensor<D>, Option<Self::State<D>>) {
+        let Some(momentum) = &self.momentum else {
+            return (sgd_update(tensor, grad, self.l2, lr), None);
+        };
         let first = state.is_none();
         // The first step's velocity is the gradient itself: the zeros are only read as `0·m`.
         let velocity = state.map_or_else(|| grad.zeros_like(), |state| state.velocity);
-        let step = MomentumStep::sgd(lr, self.l2, &self.momentum, first);
+        let step = MomentumStep::sgd(lr, self.l2, momentum, first);
         let (tensor, velocity) = momentum_update(tensor, grad, velocity, step);
         (tensor, Some(FusedSgdState { velocity }))
     }

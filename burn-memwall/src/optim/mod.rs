@@ -3,7 +3,7 @@
 //! - [`InBackward`]: applies a `ModuleOptimizer`'s per-parameter step during `backward()`, as
 //!   soon as each parameter's gradient is complete, and frees that gradient;
 //!   [`InBackwardTraining`] keeps that gain through burn-train's `Learner`.
-//! - [`FusedAdamW`], [`FusedSgd`] (with momentum), [`FusedLion`]: Burn's AdamW, SGD and Lion
+//! - [`FusedAdamW`], [`FusedSgd`], [`FusedLion`]: Burn's AdamW, SGD and Lion
 //!   with each per-parameter step fused into one in-place pass; [`LowBitAdamW`] with both
 //!   moments kept in 8 or 4 bits per value.
 //! - [`BlockCoordinate`]: one block of parameters trains at a time (BAdam), so that optimizer

@@ -1,8 +1,9 @@
-//! The update of a parameter with one moment (SGD with momentum, Lion) as one op: a single pass
-//! that writes the parameter and the moment in place when nothing else holds them, instead of
-//! the tensor ops (and their parameter-sized temporaries) of `burn::optim::Sgd` and
-//! `burn::optim::Lion`. Called by [`crate::optim::FusedSgd`] and [`crate::optim::FusedLion`]
-//! on non-autodiff tensors.
+//! The update of a parameter with one moment (SGD with momentum, Lion) or none (plain SGD) as
+//! one op: a single pass that writes the parameter and the moment in place when nothing else
+//! holds them, instead of the tensor ops (and their parameter-sized temporaries) of
+//! `burn::optim::Sgd` and `burn::optim::Lion`, whose result lands in another buffer (on Cube,
+//! outside the parameter's persistent slot, which then stays reserved and empty). Called by
+//! [`crate::optim::FusedSgd`] and [`crate::optim::FusedLion`] on non-autodiff tensors.
 
 #[cfg(feature = "cube")]
 mod cube;
@@ -108,6 +109,17 @@ pub trait MomentumUpdateBackend: Backend {
         moment: FloatTensor<Self>,
         step: MomentumStep,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// `param` after one step of plain SGD with gradient `grad` of its shape and dtype:
+    /// `w' = w − learning_rate·(g + l2·w)`. The output reuses the parameter's memory when it is
+    /// not shared.
+    #[fusion(meta = cube::sgd_update_spec)]
+    fn sgd_update(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        l2: f32,
+        learning_rate: f32,
+    ) -> FloatTensor<Self>;
 }
 
 /// One step of `param` `[...]` with `grad` and `moment` of its shape (not tracked by
@@ -133,4 +145,25 @@ pub fn momentum_update<const D: usize>(
         step,
     );
     (Tensor::from_dispatch(param), Tensor::from_dispatch(moment))
+}
+
+/// One step of plain SGD on `param` `[...]` with `grad` of its shape (not tracked by autodiff)
+/// and L2 penalty `l2`. Returns the new parameter.
+pub fn sgd_update<const D: usize>(
+    param: Tensor<D>,
+    grad: Tensor<D>,
+    l2: f32,
+    learning_rate: f64,
+) -> Tensor<D> {
+    assert_eq!(
+        grad.shape(),
+        param.shape(),
+        "sgd_update: grad must have the parameter's shape"
+    );
+    Tensor::from_dispatch(Dispatch::sgd_update(
+        param.into_dispatch(),
+        grad.into_dispatch(),
+        l2,
+        learning_rate as f32,
+    ))
 }
