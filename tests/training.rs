@@ -767,7 +767,7 @@ fn stacks_resolve_to_their_switches() {
             Fused,
             BlockKind::Reversible,
             LinearKind::Dense,
-            StepOptimizer::InBackwardSgd,
+            StepOptimizer::InBackwardFusedPlainSgd,
         ),
         (
             "memwall-counter",
