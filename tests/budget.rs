@@ -532,7 +532,7 @@ mod cube_pools {
     /// state tensor, are 8 MiB of its 94), the update on the host (no state on the device; the
     /// gradients' read-back copies) and plain SGD written in place (its parameters stay in their
     /// slots, where `in-backward-sgd`'s Burn SGD leaves 4 MiB of them reserved and empty).
-    const POOL_CASES: [(&str, &str, usize); 11] = [
+    const POOL_CASES: [(&str, &str, usize); 12] = [
         ("tiny", "baseline", 64),
         ("tiny", "in-backward-sgd", 64),
         ("tiny", "memwall", 64),
@@ -542,6 +542,7 @@ mod cube_pools {
         ("tiny", "flash+fused", 256),
         ("tiny", "reversible", 256),
         ("small", "in-backward-sgd", 64),
+        ("small", "memwall-sgd", 64),
         ("small", "memwall-offload", 64),
         ("small", "memwall-host-update", 64),
     ];

@@ -14,7 +14,9 @@ use burn::prelude::*;
 use burn_memwall::memory::CountingAllocator;
 use burn_memwall::nn::Routed;
 use burn_memwall::optim::train_step;
-use burn_memwall::optim::{FusedAdamWConfig, FusedLionConfig, FusedSgdConfig, InBackward};
+use burn_memwall::optim::{
+    FusedAdamWConfig, FusedLionConfig, FusedSgdConfig, InBackward, LowBitAdamWConfig, MomentBits,
+};
 use common::{assert_close, devices, parameters};
 
 #[global_allocator]
@@ -216,5 +218,82 @@ fn fused_optimizers_in_backward_match_burns() {
         for (got, want) in parameters(&routed).into_iter().zip(want) {
             assert_close("parameter", &(name, "in backward"), 1e-6, got, want);
         }
+    }
+}
+
+/// On a Cube device each fused optimizer makes its state in exact-size slots of the persistent
+/// pool, as the parameters are kept, where Burn's makes its state on the pages that the step's
+/// other tensors share (and leave holes in).
+#[test]
+fn the_fused_state_takes_exact_slots_on_cube_devices() {
+    let Some(device) = devices()
+        .into_iter()
+        .find(|device| device.memory_pool_usage().is_some())
+    else {
+        return; // no Cube device compiled in
+    };
+    fn low_bit(bits: MomentBits, values: usize) -> usize {
+        2 * (bits.code_bytes(values) + bits.scale_bytes(values))
+    }
+    /// An optimizer, and its state's bytes for a parameter of so many values.
+    type StateCase = (&'static str, ModuleOptimizer, fn(usize) -> usize);
+    let cases: [StateCase; 6] = [
+        ("Burn's adamw", AdamWConfig::new().init(), |_| 0),
+        ("adamw", FusedAdamWConfig::new().init(), |values| {
+            2 * 4 * values
+        }),
+        (
+            "sgd + momentum",
+            FusedSgdConfig::new()
+                .with_momentum(Some(momentum(false)))
+                .init(),
+            |values| 4 * values,
+        ),
+        ("lion", FusedLionConfig::new().init(), |values| 4 * values),
+        (
+            "8-bit adamw",
+            LowBitAdamWConfig::new(MomentBits::Eight).init(),
+            |values| low_bit(MomentBits::Eight, values),
+        ),
+        (
+            "4-bit adamw",
+            LowBitAdamWConfig::new(MomentBits::Four).init(),
+            |values| low_bit(MomentBits::Four, values),
+        ),
+    ];
+    // What the persistent pool reserves: everything but the pages of the dynamic pools, less the
+    // few uniform buffers the launches add (at most 2 KiB each).
+    let persistent = || {
+        let reserved = device.memory_pool_usage().unwrap().bytes_reserved;
+        let pages: u64 = device
+            .memory_pool_report()
+            .unwrap()
+            .iter()
+            .map(|pool| pool.pages * pool.page_size)
+            .sum();
+        reserved - pages
+    };
+    const LAUNCHES_SLACK: u64 = 256 << 10;
+    for (case, (name, mut optimizer, state_bytes)) in cases.into_iter().enumerate() {
+        // A size per case: the persistent pool gives a freed slot to the next tensor its size.
+        let elements = (1 << 20) + 4096 * case;
+        let state = state_bytes(elements) as u64;
+        let model = Param::from_tensor(
+            Tensor::<1>::ones([elements], &device.clone().autodiff()).require_grad(),
+        );
+        let mut grads = GradientsParams::new();
+        grads.register(model.id, Tensor::<1>::full([elements], 0.5, &device));
+        let _ = model.val().slice(0..1).into_data();
+        let before = persistent();
+        let model = optimizer.step(1e-3, model, grads);
+        let _ = model.val().slice(0..1).into_data();
+        let added = persistent() - before;
+        eprintln!(
+            "{name}: the first step added {added} B to the persistent pool (state {state} B)"
+        );
+        assert!(
+            (state..state + LAUNCHES_SLACK).contains(&added),
+            "{name}: the first step added {added} B to the persistent pool, its state is {state} B"
+        );
     }
 }

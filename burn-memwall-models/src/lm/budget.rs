@@ -907,7 +907,8 @@ fn weights_on_the_device(
             .chain(&largest_layer.trained)
             .chain([&head, &waiting_output, &census.untrained_bytes])
             .map(|&bytes| Tensors::new(1, bytes)),
-    ))
+    )
+    .in_slots())
 }
 
 /// Elements of one 64×64 tile: flash attention's backward holds a few per query block.
@@ -1060,6 +1061,17 @@ fn trained_step_budget(
         false => 0,
     };
     let fd = dims.floats(1, d_ff * d).bytes;
+    // A dense linear's weight gradient of `bytes`, made as one tensor over `batches` (see
+    // [`weight_gradient_batches`]) and then summed beside it. On a heap, which holds a new output
+    // twice, its creation is the larger moment; on pools the sum (lavapipe, `small`: the 1.57 MB
+    // sum beside its 3.15 MB batches, on one page in the down projection's backward).
+    let weight_gradient = |batches: u64, bytes: u64| match memory {
+        DeviceMemory::Heap => vec![Tensors::new(copies * batches, bytes)],
+        DeviceMemory::Pools if batches > 1 => {
+            vec![Tensors::new(1, batches * bytes), Tensors::new(1, bytes)]
+        }
+        DeviceMemory::Pools => vec![Tensors::new(1, bytes)],
+    };
     let mlp_matrices = config.mlp_matrices() as u64;
     let (layers_train, head_trains) = (dims.layers_train, dims.table_and_head_train);
     // The trained weights of one block: with LoRA, its adapters' factors.
@@ -1129,7 +1141,8 @@ fn trained_step_budget(
                 .iter()
                 .map(|&bytes| Tensors::new(1, bytes))
                 .chain([Tensors::new(1, census.untrained_bytes)]),
-        ),
+        )
+        .in_slots(),
         true => weights_on_the_device(config, shape, &census, &stepped)?,
     };
     let persistent = [
@@ -1221,11 +1234,11 @@ fn trained_step_budget(
         // Dense: the input gradient, and the weight gradient made per batch or the input
         // gradient's second copy, whichever is larger.
         (false, false) => {
-            let per_batch = Tensors::new(copies * weight_gradient_batches(batch, seq, d), fd);
+            let per_batch = weight_gradient(weight_gradient_batches(batch, seq, d), fd);
             let second = dims.tf(copies - 1);
             [dims.tf(1)]
                 .into_iter()
-                .chain(larger(vec![second], vec![per_batch]))
+                .chain(larger(vec![second], per_batch))
                 .collect()
         }
         // Ternary: the ternary weight recomputed beside the input gradient as it is made, or
@@ -1374,7 +1387,7 @@ fn trained_step_budget(
                 ],
                 // Beside its sum (lavapipe: a 12 MiB reservation at each backward on `small`).
                 (true, DeviceMemory::Pools) => vec![Tensors::new(1, batch * vd), dims.vd(1)],
-                (false, _) => vec![dims.vd(copies * weight_gradient_batches(batch, seq, vocab))],
+                (false, _) => weight_gradient(weight_gradient_batches(batch, seq, vocab), vd),
             };
             let mut terms = saved.clone();
             terms.push(workspace(

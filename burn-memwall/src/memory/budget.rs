@@ -88,6 +88,17 @@ impl Tensors {
     }
 }
 
+/// Where a device with pools ([`DeviceMemory::Pools`]) holds a term's tensors.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Placement {
+    /// On the pools' pages, first fit among the phase's other tensors.
+    #[default]
+    Pages,
+    /// Each in an exact-size slot of the persistent pool: tensors made while a persistent
+    /// window is open (the parameters, the fused optimizers' state).
+    Slots,
+}
+
 /// The tensors of one formula, and the formula in words.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Term {
@@ -97,6 +108,8 @@ pub struct Term {
     pub what: String,
     /// The tensors, in the order they are made.
     pub tensors: Vec<Tensors>,
+    /// Where a device with pools holds them.
+    pub placement: Placement,
 }
 
 impl Term {
@@ -118,6 +131,15 @@ impl Term {
                 .into_iter()
                 .filter(|tensors| tensors.count > 0 && tensors.bytes > 0)
                 .collect(),
+            placement: Placement::Pages,
+        }
+    }
+
+    /// The term with its tensors in exact-size slots ([`Placement::Slots`]).
+    pub fn in_slots(self) -> Self {
+        Self {
+            placement: Placement::Slots,
+            ..self
         }
     }
 
@@ -189,7 +211,7 @@ impl Budget {
             .phases
             .iter()
             .flat_map(|phase| &phase.terms)
-            .filter(|term| term.pool != Pool::Parameters)
+            .filter(|term| term.placement == Placement::Pages)
             .flat_map(Term::each)
             .max()
             .unwrap_or(0);
@@ -378,7 +400,7 @@ const POOLS_STAGING: u64 = 100 << 10;
 /// What CubeCL's pools reserve for one phase's tensors.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Pages {
-    /// Exact slots of the persistent pool: the parameters.
+    /// Exact slots of the persistent pool.
     slots: u64,
     /// Small pages.
     small: u64,
@@ -387,15 +409,15 @@ struct Pages {
 }
 
 impl Pages {
-    /// Places the phase's parameters in exact slots and every other tensor, in the order the
-    /// terms list them, on the first page with room (no tensor spans two pages), opening a page
-    /// when none has room: [`SMALL_PAGE`]s, or arena pages of `arena_page` bytes.
+    /// Places the phase's [`Placement::Slots`] terms in exact slots and every other tensor, in
+    /// the order the terms list them, on the first page with room (no tensor spans two pages),
+    /// opening a page when none has room: [`SMALL_PAGE`]s, or arena pages of `arena_page` bytes.
     fn of(phase: &Phase, arena_page: u64) -> Self {
         let mut small: Vec<u64> = Vec::new(); // the room left on each page
         let mut arena: Vec<u64> = Vec::new();
         let mut pages = Self::default();
         for term in &phase.terms {
-            if term.pool == Pool::Parameters {
+            if term.placement == Placement::Slots {
                 pages.slots += term.bytes();
                 continue;
             }
@@ -588,11 +610,18 @@ impl OptimizerPlan {
             }
         };
         if self.host_offload.is_none() {
-            return Term::of(
+            let state = Term::of(
                 Pool::OptimizerState,
                 format!("{moments}{master} × the trained parameters"),
                 census.trained.iter().flat_map(|&bytes| tensors_of(bytes)),
             );
+            // The fused optimizers make their moments in the persistent pool's slots
+            // (`optim::persistent_state`); Burn's make theirs on pages, as the half-precision
+            // wrappers make the master copies (so a state with masters is placed on pages).
+            return match self.in_place && masters == 0 {
+                true => state.in_slots(),
+                false => state,
+            };
         }
         let mut read_copies: Vec<u64> = census
             .trained
@@ -931,7 +960,7 @@ mod tests {
 
     #[test]
     fn pools_place_tensors_first_fit_on_pages_they_keep() {
-        let parameters = Term::new(Pool::Parameters, "weights", 3 * MIB + 5);
+        let parameters = Term::new(Pool::Parameters, "weights", 3 * MIB + 5).in_slots();
         // Two 1.5 MiB tensors cannot share a 2 MiB page; a 0.5 MiB one fills the first's gap.
         let arena = phase(
             "arena",

@@ -5,7 +5,7 @@ use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::optim::{AdamWState, AdaptiveMomentumState, LearningRate, ModuleOptimizer, Optimizer};
 use burn::prelude::*;
 
-use super::with_clipping;
+use super::{state_zeros, with_clipping};
 use crate::ops::adamw_update::{AdamWStep, adamw_update};
 
 /// [`FusedAdamW`]'s settings, with `burn::optim::AdamWConfig`'s names and defaults (without
@@ -87,7 +87,7 @@ impl Optimizer for FusedAdamW {
             Some(AdamWState { momentum }) => {
                 (momentum.time + 1, momentum.moment_1, momentum.moment_2)
             }
-            None => (1, grad.zeros_like(), grad.zeros_like()),
+            None => (1, state_zeros(&grad), state_zeros(&grad)),
         };
         let step = self.scalars(lr, time);
         let (tensor, moment_1, moment_2) = adamw_update(tensor, grad, moment_1, moment_2, step);

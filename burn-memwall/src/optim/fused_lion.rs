@@ -5,7 +5,7 @@ use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::optim::{LearningRate, LionState, ModuleOptimizer, Optimizer};
 use burn::prelude::*;
 
-use super::with_clipping;
+use super::{state_zeros, with_clipping};
 use crate::ops::momentum_update::{MomentumStep, momentum_update};
 
 /// [`FusedLion`]'s settings, with `burn::optim::LionConfig`'s names and defaults.
@@ -63,7 +63,7 @@ impl Optimizer for FusedLion {
         state: Option<Self::State<D>>,
     ) -> (Tensor<D>, Option<Self::State<D>>) {
         // No state yet is a zero moment: the formula then gives Burn's first step.
-        let moment = state.map_or_else(|| grad.zeros_like(), |state| state.momentum);
+        let moment = state.map_or_else(|| state_zeros(&grad), |state| state.momentum);
         let step = MomentumStep::lion(lr, self.beta_1, self.beta_2, self.weight_decay);
         let (tensor, momentum) = momentum_update(tensor, grad, moment, step);
         (tensor, Some(LionState::new(momentum)))

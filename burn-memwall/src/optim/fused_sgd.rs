@@ -10,7 +10,7 @@ use burn::optim::{
 };
 use burn::prelude::*;
 
-use super::with_clipping;
+use super::{state_zeros, with_clipping};
 use crate::ops::momentum_update::{MomentumStep, momentum_update, sgd_update};
 
 /// [`FusedSgd`]'s settings, with the meaning of `burn::optim::SgdConfig`'s.
@@ -78,7 +78,7 @@ impl Optimizer for FusedSgd {
         };
         let first = state.is_none();
         // The first step's velocity is the gradient itself: the zeros are only read as `0·m`.
-        let velocity = state.map_or_else(|| grad.zeros_like(), |state| state.velocity);
+        let velocity = state.map_or_else(|| state_zeros(&grad), |state| state.velocity);
         let step = MomentumStep::sgd(lr, self.l2, momentum, first);
         let (tensor, velocity) = momentum_update(tensor, grad, velocity, step);
         (tensor, Some(FusedSgdState { velocity }))

@@ -7,7 +7,7 @@ use burn::prelude::*;
 use burn::tensor::FloatDType;
 use serde::{Deserialize, Serialize};
 
-use super::MasterWeightsState;
+use super::{MasterWeightsState, state_leaves_the_device};
 use crate::device::describe;
 use crate::host::{computes_in_host_memory, owned, read_back, write_from_host};
 
@@ -113,9 +113,10 @@ impl<O: Optimizer> Optimizer for HostOffloaded<O> {
         grad: Tensor<D>,
         state: Option<Self::State<D>>,
     ) -> (Tensor<D>, Option<Self::State<D>>) {
-        let (tensor, state) = self
-            .inner
-            .step(lr, tensor, grad, state.map(|state| state.inner));
+        let (tensor, state) = state_leaves_the_device(|| {
+            self.inner
+                .step(lr, tensor, grad, state.map(|state| state.inner))
+        });
         let state = state.map(|inner| HostOffloadedState {
             inner: to_host(inner),
         });

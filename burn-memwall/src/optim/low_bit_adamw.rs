@@ -8,7 +8,7 @@ use burn_memwall_codes::moments::block_size;
 use burn_memwall_codes::packing::words_for;
 use serde::{Deserialize, Serialize};
 
-use super::{FusedAdamW, FusedAdamWConfig, with_clipping};
+use super::{FusedAdamW, FusedAdamWConfig, persistent_state, with_clipping};
 use crate::ops::low_bit_adamw_update::{CodedMoment, low_bit_adamw_update};
 
 /// How many bits each moment value of [`LowBitAdamW`] keeps.
@@ -139,7 +139,11 @@ impl Optimizer for LowBitAdamW {
             None => {
                 let (values, device) = (tensor.shape().num_elements(), tensor.device());
                 let zeros = || CodedMoment::zeros(values, self.bits, &device);
-                (1, zeros(), zeros())
+                (
+                    1,
+                    persistent_state(&device, zeros),
+                    persistent_state(&device, zeros),
+                )
             }
         };
         let step = self.adamw.scalars(lr, time);
