@@ -15,6 +15,12 @@
 //!   with an f32 master copy or with stochastic rounding and no copy; [`LossScaled`] with a
 //!   [`LossScale`] keeps f16 gradients in range.
 //!
+//! # State on Cube devices
+//! The fused optimizers make their state at a parameter's first step in exact-size slots of
+//! the persistent pool, where Burn keeps the weights, and update it in place there: on the
+//! pools' pages a long-lived state would leave holes between the step's transients. A state
+//! loaded from a record lands on the pages, as Burn's optimizers' state does.
+//!
 //! # Records on Cube devices
 //! The fused optimizers write into a tensor's memory when no other tensor handle shares it.
 //! A record taken on a Cube device (`Module::into_record`, `ModuleOptimizer::to_record`) reads
