@@ -261,8 +261,8 @@ fn the_fused_state_takes_exact_slots_on_cube_devices() {
             |values| low_bit(MomentBits::Four, values),
         ),
     ];
-    // What the persistent pool reserves: everything but the pages of the dynamic pools, less the
-    // few uniform buffers the launches add (at most 2 KiB each).
+    // What the persistent pool reserves: everything but the pages of the dynamic pools. The few
+    // uniform buffers the launches add (at most 2 KiB each) count too: the slack below.
     let persistent = || {
         let reserved = device.memory_pool_usage().unwrap().bytes_reserved;
         let pages: u64 = device

@@ -87,7 +87,10 @@ impl Optimizer for FusedAdamW {
             Some(AdamWState { momentum }) => {
                 (momentum.time + 1, momentum.moment_1, momentum.moment_2)
             }
-            None => (1, state_zeros(&grad), state_zeros(&grad)),
+            None => {
+                let [moment_1, moment_2] = state_zeros(&grad);
+                (1, moment_1, moment_2)
+            }
         };
         let step = self.scalars(lr, time);
         let (tensor, moment_1, moment_2) = adamw_update(tensor, grad, moment_1, moment_2, step);

@@ -63,7 +63,13 @@ impl Optimizer for FusedLion {
         state: Option<Self::State<D>>,
     ) -> (Tensor<D>, Option<Self::State<D>>) {
         // No state yet is a zero moment: the formula then gives Burn's first step.
-        let moment = state.map_or_else(|| state_zeros(&grad), |state| state.momentum);
+        let moment = state.map_or_else(
+            || {
+                let [zeros] = state_zeros(&grad);
+                zeros
+            },
+            |state| state.momentum,
+        );
         let step = MomentumStep::lion(lr, self.beta_1, self.beta_2, self.weight_decay);
         let (tensor, momentum) = momentum_update(tensor, grad, moment, step);
         (tensor, Some(LionState::new(momentum)))

@@ -139,11 +139,9 @@ impl Optimizer for LowBitAdamW {
             None => {
                 let (values, device) = (tensor.shape().num_elements(), tensor.device());
                 let zeros = || CodedMoment::zeros(values, self.bits, &device);
-                (
-                    1,
-                    persistent_state(&device, zeros),
-                    persistent_state(&device, zeros),
-                )
+                // Both moments in one window: each drains the fusion stream.
+                let (first, second) = persistent_state(&device, || (zeros(), zeros()));
+                (1, first, second)
             }
         };
         let step = self.adamw.scalars(lr, time);

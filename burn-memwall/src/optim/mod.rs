@@ -94,10 +94,13 @@ fn persistent_state<T: Send>(device: &Device, make: impl FnOnce() -> T + Send) -
     }
 }
 
-/// Zeros shaped and typed as `like`, as a [`persistent_state`].
-fn state_zeros<const D: usize>(like: &Tensor<D>) -> Tensor<D> {
+/// `N` tensors of zeros shaped and typed as `like`, as one [`persistent_state`] (each window
+/// drains the fusion stream, so a state's tensors share one).
+fn state_zeros<const N: usize, const D: usize>(like: &Tensor<D>) -> [Tensor<D>; N] {
     let (shape, device, dtype) = (like.shape(), like.device(), like.dtype());
-    persistent_state(&device, || Tensor::zeros(shape.clone(), (&device, dtype)))
+    persistent_state(&device, || {
+        std::array::from_fn(|_| Tensor::zeros(shape.clone(), (&device, dtype)))
+    })
 }
 
 thread_local! {
