@@ -35,7 +35,8 @@
 use burn::tensor::DType;
 use burn_memwall::codes::counter::words_per_row;
 use burn_memwall::memory::budget::{
-    Budget, DeviceMemory, OptimizerPlan, ParameterCensus, Phase, Pool, Tensors, Term, UpdateTiming,
+    Budget, DeviceMemory, OptimizerPlan, ParameterCensus, Phase, Placement, Pool, Tensors, Term,
+    UpdateTiming,
 };
 use burn_memwall::nn::counter_loss_block_rows;
 use burn_memwall::ops::fused_linear_cross_entropy::FusedCrossEntropyOptions;
@@ -908,7 +909,7 @@ fn weights_on_the_device(
             .chain([&head, &waiting_output, &census.untrained_bytes])
             .map(|&bytes| Tensors::new(1, bytes)),
     )
-    .in_slots())
+    .placed(Placement::Slots))
 }
 
 /// Elements of one 64×64 tile: flash attention's backward holds a few per query block.
@@ -1142,7 +1143,7 @@ fn trained_step_budget(
                 .map(|&bytes| Tensors::new(1, bytes))
                 .chain([Tensors::new(1, census.untrained_bytes)]),
         )
-        .in_slots(),
+        .placed(Placement::Slots),
         true => weights_on_the_device(config, shape, &census, &stepped)?,
     };
     let persistent = [

@@ -95,8 +95,12 @@ pub enum Placement {
     #[default]
     Pages,
     /// Each in an exact-size slot of the persistent pool: tensors made while a persistent
-    /// window is open (the parameters, the fused optimizers' state).
+    /// window is open (the parameters).
     Slots,
+    /// In slots where the step's tensors on pages grow the arena's pages past their first
+    /// size, on the pages otherwise: the fused optimizers' state (`optim::StatePlacement`,
+    /// which reads the pools once, at the first state it makes).
+    SlotsOnceTheArenaGrows,
 }
 
 /// The tensors of one formula, and the formula in words.
@@ -135,12 +139,9 @@ impl Term {
         }
     }
 
-    /// The term with its tensors in exact-size slots ([`Placement::Slots`]).
-    pub fn in_slots(self) -> Self {
-        Self {
-            placement: Placement::Slots,
-            ..self
-        }
+    /// The term with its tensors held as `placement` says.
+    pub fn placed(self, placement: Placement) -> Self {
+        Self { placement, ..self }
     }
 
     /// Bytes of all its tensors.
@@ -195,30 +196,15 @@ impl Budget {
         match self.memory {
             DeviceMemory::Heap => phase.bytes(),
             DeviceMemory::Pools => {
-                let pages = Pages::of(phase, self.arena_page());
+                let pages = Pages::of(phase, self.arena());
                 pages.slots + pages.small + pages.arena + POOLS_STAGING
             }
         }
     }
 
-    /// The size of the arena's pages through the step: the first size, or, where a tensor of
-    /// the step is larger, that tensor's size plus [`ARENA_GROWTH_MARGIN`] in whole MiB. The
-    /// arena grows its pages at the first such tensor (in the warm-up step) and frees the
-    /// smaller ones once they empty, so every step after the first runs on the largest size
-    /// (measured on lavapipe, `small`: 2, then 7, then 13 MiB within the first step).
-    fn arena_page(&self) -> u64 {
-        let largest = self
-            .phases
-            .iter()
-            .flat_map(|phase| &phase.terms)
-            .filter(|term| term.placement == Placement::Pages)
-            .flat_map(Term::each)
-            .max()
-            .unwrap_or(0);
-        match largest > ARENA_PAGE {
-            true => (largest + ARENA_GROWTH_MARGIN).div_ceil(MIB) * MIB,
-            false => ARENA_PAGE,
-        }
+    /// The arena's pages through the step.
+    fn arena(&self) -> Arena {
+        Arena::of(&self.phases)
     }
 
     /// The phase that holds the most.
@@ -238,8 +224,8 @@ impl Budget {
         match self.memory {
             DeviceMemory::Heap => self.held(self.peak_phase()),
             DeviceMemory::Pools => {
-                let page = self.arena_page();
-                let pages: Vec<Pages> = self.phases.iter().map(|p| Pages::of(p, page)).collect();
+                let arena = self.arena();
+                let pages: Vec<Pages> = self.phases.iter().map(|p| Pages::of(p, arena)).collect();
                 let most = |pool: fn(&Pages) -> u64| pages.iter().map(pool).max().unwrap_or(0);
                 most(|p| p.slots) + most(|p| p.small) + most(|p| p.arena) + POOLS_STAGING
             }
@@ -397,6 +383,64 @@ const ARENA_GROWTH_MARGIN: u64 = MIB;
 /// the tensors' pages; docs/memory-model/cube-pools.md).
 const POOLS_STAGING: u64 = 100 << 10;
 
+/// Whether `device`'s pools have served a tensor larger than the arena's first page: from
+/// then on the arena opens pages of that tensor's size ([`Placement::SlotsOnceTheArenaGrows`]).
+/// Reading it drains the fusion stream, so the tensors recorded so far count.
+pub(crate) fn arena_has_grown(device: &Device) -> bool {
+    device
+        .memory_pool_report()
+        .is_some_and(|pools| pools.iter().any(|pool| pool.largest_alloc > ARENA_PAGE))
+}
+
+/// The arena's pages through a step, and where they put the terms that depend on them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Arena {
+    /// The size of its pages: the first size, or, where a tensor of the step on pages is
+    /// larger, that tensor's size plus [`ARENA_GROWTH_MARGIN`] in whole MiB. The arena grows
+    /// its pages at the first such tensor (in the warm-up step) and frees the smaller ones once
+    /// they empty, so every step after the first runs on the largest size (measured on
+    /// lavapipe, `small`: 2, then 7, then 13 MiB within the first step).
+    page: u64,
+    /// Whether the tensors on pages other than the [`Placement::SlotsOnceTheArenaGrows`] ones
+    /// grow the pages: those are made at the first step, after the forward pass and the
+    /// gradients that grow them.
+    grown: bool,
+}
+
+impl Arena {
+    fn of(phases: &[Phase]) -> Self {
+        let largest_on_pages = |in_slots: &dyn Fn(Placement) -> bool| {
+            phases
+                .iter()
+                .flat_map(|phase| &phase.terms)
+                .filter(|term| !in_slots(term.placement))
+                .flat_map(Term::each)
+                .max()
+                .unwrap_or(0)
+        };
+        let grown = largest_on_pages(&|placement| placement != Placement::Pages) > ARENA_PAGE;
+        let first = Self {
+            page: ARENA_PAGE,
+            grown,
+        };
+        let largest = largest_on_pages(&|placement| first.in_slots(placement));
+        let page = match largest > ARENA_PAGE {
+            true => (largest + ARENA_GROWTH_MARGIN).div_ceil(MIB) * MIB,
+            false => ARENA_PAGE,
+        };
+        Self { page, grown }
+    }
+
+    /// Whether tensors placed as `placement` take exact slots.
+    fn in_slots(self, placement: Placement) -> bool {
+        match placement {
+            Placement::Pages => false,
+            Placement::Slots => true,
+            Placement::SlotsOnceTheArenaGrows => self.grown,
+        }
+    }
+}
+
 /// What CubeCL's pools reserve for one phase's tensors.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Pages {
@@ -409,22 +453,22 @@ struct Pages {
 }
 
 impl Pages {
-    /// Places the phase's [`Placement::Slots`] terms in exact slots and every other tensor, in
-    /// the order the terms list them, on the first page with room (no tensor spans two pages),
-    /// opening a page when none has room: [`SMALL_PAGE`]s, or arena pages of `arena_page` bytes.
-    fn of(phase: &Phase, arena_page: u64) -> Self {
+    /// Places the phase's terms that `arena` puts in slots in exact slots and every other
+    /// tensor, in the order the terms list them, on the first page with room (no tensor spans
+    /// two pages), opening a page when none has room: [`SMALL_PAGE`]s, or the arena's pages.
+    fn of(phase: &Phase, arena: Arena) -> Self {
         let mut small: Vec<u64> = Vec::new(); // the room left on each page
-        let mut arena: Vec<u64> = Vec::new();
+        let mut on_arena: Vec<u64> = Vec::new();
         let mut pages = Self::default();
         for term in &phase.terms {
-            if term.placement == Placement::Slots {
+            if arena.in_slots(term.placement) {
                 pages.slots += term.bytes();
                 continue;
             }
             for bytes in term.each() {
                 let (room, page, reserved) = match bytes <= SMALL_TENSOR {
                     true => (&mut small, SMALL_PAGE, &mut pages.small),
-                    false => (&mut arena, arena_page, &mut pages.arena),
+                    false => (&mut on_arena, arena.page, &mut pages.arena),
                 };
                 match room.iter_mut().find(|left| **left >= bytes) {
                     Some(left) => *left -= bytes,
@@ -615,11 +659,12 @@ impl OptimizerPlan {
                 format!("{moments}{master} × the trained parameters"),
                 census.trained.iter().flat_map(|&bytes| tensors_of(bytes)),
             );
-            // The fused optimizers make their moments in the persistent pool's slots
-            // (`optim::persistent_state`); Burn's make theirs on pages, as the half-precision
-            // wrappers make the master copies (so a state with masters is placed on pages).
+            // The fused optimizers make their moments in the persistent pool's slots once the
+            // arena has grown (`optim::StatePlacement`); Burn's make theirs on pages, as the
+            // half-precision wrappers make the master copies (so a state with masters is
+            // placed on pages).
             return match self.in_place && masters == 0 {
-                true => state.in_slots(),
+                true => state.placed(Placement::SlotsOnceTheArenaGrows),
                 false => state,
             };
         }
@@ -960,7 +1005,8 @@ mod tests {
 
     #[test]
     fn pools_place_tensors_first_fit_on_pages_they_keep() {
-        let parameters = Term::new(Pool::Parameters, "weights", 3 * MIB + 5).in_slots();
+        let parameters =
+            Term::new(Pool::Parameters, "weights", 3 * MIB + 5).placed(Placement::Slots);
         // Two 1.5 MiB tensors cannot share a 2 MiB page; a 0.5 MiB one fills the first's gap.
         let arena = phase(
             "arena",
@@ -991,5 +1037,29 @@ mod tests {
         // The small pool's fullest phase and the arena's add up.
         assert_eq!(budget.peak(), fixed + 8 * MIB + 12 * MIB);
         assert_eq!(budget.peak_phase().name, "grown");
+    }
+
+    #[test]
+    fn a_fused_state_takes_slots_once_the_other_tensors_grow_the_arena() {
+        // Two 1.5 MiB moments: on 2 MiB pages each takes a page, leaving room for the step's
+        // 0.5 MiB tensors; in slots they take their bytes.
+        let state = Term::of(
+            Pool::OptimizerState,
+            "moments",
+            [Tensors::new(2, 3 * MIB / 2)],
+        )
+        .placed(Placement::SlotsOnceTheArenaGrows);
+        let held = |others: &[u64]| {
+            let budget = Budget {
+                phases: vec![phase("step", vec![state.clone(), saved(others)])],
+                memory: DeviceMemory::Pools,
+            };
+            budget.peak() - POOLS_STAGING
+        };
+        // The moments share their pages with the transients.
+        assert_eq!(held(&[MIB / 2, MIB / 2]), 4 * MIB);
+        // A 2.5 MiB transient grows the pages to 4 MiB: the moments go to slots, and the
+        // transients share one page.
+        assert_eq!(held(&[5 * MIB / 2, MIB / 2]), 3 * MIB + 4 * MIB);
     }
 }

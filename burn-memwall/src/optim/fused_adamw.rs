@@ -5,7 +5,7 @@ use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::optim::{AdamWState, AdaptiveMomentumState, LearningRate, ModuleOptimizer, Optimizer};
 use burn::prelude::*;
 
-use super::{state_zeros, with_clipping};
+use super::{StatePlacement, with_clipping};
 use crate::ops::adamw_update::{AdamWStep, adamw_update};
 
 /// [`FusedAdamW`]'s settings, with `burn::optim::AdamWConfig`'s names and defaults (without
@@ -39,6 +39,8 @@ pub struct FusedAdamW {
     beta_2: f32,
     epsilon: f32,
     weight_decay: f32,
+    /// Where the moments are made ([`LowBitAdamW`](super::LowBitAdamW)'s too).
+    pub(super) state: StatePlacement,
 }
 
 impl FusedAdamWConfig {
@@ -49,6 +51,7 @@ impl FusedAdamWConfig {
             beta_2: self.beta_2,
             epsilon: self.epsilon,
             weight_decay: self.weight_decay,
+            state: StatePlacement::default(),
         }
     }
 
@@ -88,7 +91,7 @@ impl Optimizer for FusedAdamW {
                 (momentum.time + 1, momentum.moment_1, momentum.moment_2)
             }
             None => {
-                let [moment_1, moment_2] = state_zeros(&grad);
+                let [moment_1, moment_2] = self.state.zeros(&grad);
                 (1, moment_1, moment_2)
             }
         };

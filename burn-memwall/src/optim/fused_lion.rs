@@ -5,7 +5,7 @@ use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::optim::{LearningRate, LionState, ModuleOptimizer, Optimizer};
 use burn::prelude::*;
 
-use super::{state_zeros, with_clipping};
+use super::{StatePlacement, with_clipping};
 use crate::ops::momentum_update::{MomentumStep, momentum_update};
 
 /// [`FusedLion`]'s settings, with `burn::optim::LionConfig`'s names and defaults.
@@ -34,6 +34,7 @@ pub struct FusedLion {
     beta_1: f32,
     beta_2: f32,
     weight_decay: f32,
+    moment: StatePlacement,
 }
 
 impl FusedLionConfig {
@@ -43,6 +44,7 @@ impl FusedLionConfig {
             beta_1: self.beta_1,
             beta_2: self.beta_2,
             weight_decay: self.weight_decay,
+            moment: StatePlacement::default(),
         }
     }
 
@@ -65,7 +67,7 @@ impl Optimizer for FusedLion {
         // No state yet is a zero moment: the formula then gives Burn's first step.
         let moment = state.map_or_else(
             || {
-                let [zeros] = state_zeros(&grad);
+                let [zeros] = self.moment.zeros(&grad);
                 zeros
             },
             |state| state.momentum,

@@ -10,7 +10,7 @@ use burn::optim::{
 };
 use burn::prelude::*;
 
-use super::{state_zeros, with_clipping};
+use super::{StatePlacement, with_clipping};
 use crate::ops::momentum_update::{MomentumStep, momentum_update, sgd_update};
 
 /// [`FusedSgd`]'s settings, with the meaning of `burn::optim::SgdConfig`'s.
@@ -36,6 +36,7 @@ pub struct FusedSgdConfig {
 pub struct FusedSgd {
     momentum: Option<MomentumConfig>,
     l2: f32,
+    velocity: StatePlacement,
 }
 
 /// The velocity of one parameter.
@@ -54,6 +55,7 @@ impl FusedSgdConfig {
                 .weight_decay
                 .as_ref()
                 .map_or(0.0, |decay| decay.penalty),
+            velocity: StatePlacement::default(),
         }
     }
 
@@ -80,7 +82,7 @@ impl Optimizer for FusedSgd {
         // The first step's velocity is the gradient itself: the zeros are only read as `0·m`.
         let velocity = state.map_or_else(
             || {
-                let [zeros] = state_zeros(&grad);
+                let [zeros] = self.velocity.zeros(&grad);
                 zeros
             },
             |state| state.velocity,

@@ -8,7 +8,7 @@ use burn_memwall_codes::moments::block_size;
 use burn_memwall_codes::packing::words_for;
 use serde::{Deserialize, Serialize};
 
-use super::{FusedAdamW, FusedAdamWConfig, persistent_state, with_clipping};
+use super::{FusedAdamW, FusedAdamWConfig, with_clipping};
 use crate::ops::low_bit_adamw_update::{CodedMoment, low_bit_adamw_update};
 
 /// How many bits each moment value of [`LowBitAdamW`] keeps.
@@ -140,7 +140,7 @@ impl Optimizer for LowBitAdamW {
                 let (values, device) = (tensor.shape().num_elements(), tensor.device());
                 let zeros = || CodedMoment::zeros(values, self.bits, &device);
                 // Both moments in one window: each drains the fusion stream.
-                let (first, second) = persistent_state(&device, || (zeros(), zeros()));
+                let (first, second) = self.adamw.state.make(&device, || (zeros(), zeros()));
                 (1, first, second)
             }
         };

@@ -16,10 +16,12 @@
 //!   [`LossScale`] keeps f16 gradients in range.
 //!
 //! # State on Cube devices
-//! The fused optimizers make their state at a parameter's first step in exact-size slots of
-//! the persistent pool, where Burn keeps the weights, and update it in place there: on the
-//! pools' pages a long-lived state would leave holes between the step's transients. A state
-//! loaded from a record lands on the pages, as Burn's optimizers' state does.
+//! The fused optimizers make their state at a parameter's first step, and update it in place
+//! after. Where the model's step has grown the pools' arena pages past their first 2 MiB, the
+//! state takes exact-size slots of the persistent pool, where Burn keeps the weights: on the
+//! grown pages a long-lived state would leave holes between the step's transients. On a model
+//! whose tensors all fit 2 MiB pages it stays on the pages, in the holes the transients leave
+//! anyway. A state loaded from a record lands on the pages, as Burn's optimizers' state does.
 //!
 //! # Records on Cube devices
 //! The fused optimizers write into a tensor's memory when no other tensor handle shares it.
@@ -67,6 +69,8 @@ use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::optim::{ModuleOptimizer, Optimizer};
 use burn::prelude::*;
 
+use crate::memory::budget::arena_has_grown;
+
 /// `optimizer` over a whole module, clipping each gradient as `clipping` says.
 fn with_clipping(
     optimizer: impl Optimizer,
@@ -79,28 +83,48 @@ fn with_clipping(
     }
 }
 
-/// What `make` makes, for an optimizer state that lives as long as training. On a Cube device
-/// its tensors take exact-size slots of the persistent pool, as the parameters do: on the
-/// arena's pages a state's tensors leave holes between the step's transients that later
-/// tensors do not fit, and a state about a page's size takes a page of its own (measured on
-/// lavapipe, `small`: `memwall` 163.49 MiB with its moments on pages, 156.52 in slots). Small
-/// state tensors lose by it: on the pages they fill holes the step's transients leave anyway
-/// (`tiny` `memwall`: 21.62 MiB on pages, 24.00 in slots); a rule by size is not built yet.
-/// Inside [`state_leaves_the_device`] it is made on the pages.
-fn persistent_state<T: Send>(device: &Device, make: impl FnOnce() -> T + Send) -> T {
-    match STATE_LEAVES_THE_DEVICE.get() {
-        true => make(),
-        false => device.memory_persistent_allocations(make, |make| make()),
-    }
+/// Where a fused optimizer makes its state, for a state that lives as long as training. On a
+/// Cube device whose arena pages have grown ([`arena_has_grown`]: the step makes a tensor
+/// larger than their first 2 MiB) the state takes exact-size slots of the persistent pool, as
+/// the parameters do: there a state about a page's size would take a page of its own, and the
+/// rest leave holes between the step's transients that later tensors do not fit (measured on
+/// lavapipe, `small`: `memwall` 163.49 MiB with its moments on pages, 156.52 in slots). On
+/// 2 MiB pages the state's tensors are smaller than a page and fill holes that the step's
+/// transients leave anyway, so they stay there (`tiny` `memwall`: 21.62 MiB on pages, 24.00 in
+/// slots).
+///
+/// It is decided once, at the first state the optimizer makes (after the first forward pass
+/// and the gradients that grow the pages), and kept: the rule is the model's, not each
+/// tensor's (a model's small state tensors left on grown pages make the holes again: `small`
+/// `memwall` 161.49 MiB with only the tensors over half a page in slots), and reading the pools
+/// drains the fusion stream, which at every parameter's first step split the step's fused
+/// blocks (`tiny` seq 256 `all-fused`: 2 MiB more).
+#[derive(Clone, Debug, Default)]
+struct StatePlacement {
+    in_slots: std::sync::OnceLock<bool>,
 }
 
-/// `N` tensors of zeros shaped and typed as `like`, as one [`persistent_state`] (each window
-/// drains the fusion stream, so a state's tensors share one).
-fn state_zeros<const N: usize, const D: usize>(like: &Tensor<D>) -> [Tensor<D>; N] {
-    let (shape, device, dtype) = (like.shape(), like.device(), like.dtype());
-    persistent_state(&device, || {
-        std::array::from_fn(|_| Tensor::zeros(shape.clone(), (&device, dtype)))
-    })
+impl StatePlacement {
+    /// What `make` makes, as the optimizer's state on `device`. Inside
+    /// [`state_leaves_the_device`] it is made on the pages, and nothing is decided.
+    fn make<T: Send>(&self, device: &Device, make: impl FnOnce() -> T + Send) -> T {
+        if STATE_LEAVES_THE_DEVICE.get() {
+            return make();
+        }
+        match self.in_slots.get_or_init(|| arena_has_grown(device)) {
+            true => device.memory_persistent_allocations(make, |make| make()),
+            false => make(),
+        }
+    }
+
+    /// `N` tensors of zeros shaped and typed as `like`, made together (a persistent window
+    /// drains the fusion stream, so a state's tensors share one).
+    fn zeros<const N: usize, const D: usize>(&self, like: &Tensor<D>) -> [Tensor<D>; N] {
+        let (shape, device, dtype) = (like.shape(), like.device(), like.dtype());
+        self.make(&device, || {
+            std::array::from_fn(|_| Tensor::zeros(shape.clone(), (&device, dtype)))
+        })
+    }
 }
 
 thread_local! {
