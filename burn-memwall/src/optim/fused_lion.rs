@@ -65,13 +65,7 @@ impl Optimizer for FusedLion {
         state: Option<Self::State<D>>,
     ) -> (Tensor<D>, Option<Self::State<D>>) {
         // No state yet is a zero moment: the formula then gives Burn's first step.
-        let moment = state.map_or_else(
-            || {
-                let [zeros] = self.moment.zeros(&grad);
-                zeros
-            },
-            |state| state.momentum,
-        );
+        let moment = state.map_or_else(|| self.moment.zero(&grad), |state| state.momentum);
         let step = MomentumStep::lion(lr, self.beta_1, self.beta_2, self.weight_decay);
         let (tensor, momentum) = momentum_update(tensor, grad, moment, step);
         (tensor, Some(LionState::new(momentum)))

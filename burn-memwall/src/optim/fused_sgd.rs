@@ -80,13 +80,7 @@ impl Optimizer for FusedSgd {
         };
         let first = state.is_none();
         // The first step's velocity is the gradient itself: the zeros are only read as `0·m`.
-        let velocity = state.map_or_else(
-            || {
-                let [zeros] = self.velocity.zeros(&grad);
-                zeros
-            },
-            |state| state.velocity,
-        );
+        let velocity = state.map_or_else(|| self.velocity.zero(&grad), |state| state.velocity);
         let step = MomentumStep::sgd(lr, self.l2, momentum, first);
         let (tensor, velocity) = momentum_update(tensor, grad, velocity, step);
         (tensor, Some(FusedSgdState { velocity }))

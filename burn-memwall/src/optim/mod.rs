@@ -125,6 +125,12 @@ impl StatePlacement {
             std::array::from_fn(|_| Tensor::zeros(shape.clone(), (&device, dtype)))
         })
     }
+
+    /// One tensor of zeros shaped and typed as `like`, as [`zeros`](Self::zeros) makes them.
+    fn zero<const D: usize>(&self, like: &Tensor<D>) -> Tensor<D> {
+        let [zeros] = self.zeros(like);
+        zeros
+    }
 }
 
 thread_local! {
