@@ -264,8 +264,17 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for InBackwardTraining {
             );
             // The model first, so that its record is gone before the optimizer state is read.
             // A record that does not fit the model panics, as in burn-train's own resume.
+            // Loaded in a persistent window, as `Param::from_data` makes a weight: outside one
+            // the weights take the pools' pages, between the step's transients, for the rest of
+            // the run.
             match checkpoints.model(epoch) {
-                Ok(record) => model = model.load_record(record),
+                Ok(record) => {
+                    model = self
+                        .device
+                        .memory_persistent_allocations((model, record), |(model, record)| {
+                            model.load_record(record)
+                        })
+                }
                 Err(error) => {
                     interrupter.fail(error);
                     return (model, event_processor);
