@@ -224,7 +224,7 @@ fn fused_optimizers_in_backward_match_burns() {
 /// On a Cube device each fused optimizer makes its state on the pages while the step's tensors
 /// fit the arena's first 2 MiB pages (the state fills the holes they leave), and in exact-size
 /// slots of the persistent pool, as the parameters are kept, once a larger tensor has grown
-/// the pages; Burn's makes its state on the pages always.
+/// the pages, also a state loaded from a record; Burn's makes its state on the pages always.
 #[test]
 fn the_fused_state_takes_exact_slots_once_the_arena_grows() {
     if devices()
@@ -295,29 +295,46 @@ fn fused_state_placement_on_a_fresh_device() {
     };
     const LAUNCHES_SLACK: u64 = 256 << 10;
     // What case `case`'s first step on a parameter of `elements` values adds to the persistent
-    // pool. A size per case: the persistent pool gives a freed slot to the next tensor its size.
-    let first_step = |case: usize, elements: usize| {
+    // pool; with `resumed`, what the first step of a second optimizer that loaded the first's
+    // record after that step adds (the first one kept alive, so that no slot of the state's
+    // size is free). A size per case: the persistent pool gives a freed slot to the next tensor
+    // its size.
+    let first_step = |case: usize, elements: usize, resumed: bool| {
         let (name, optimizer, state_bytes) = cases[case];
         let elements = elements + 4096 * case;
         let model = Param::from_tensor(
             Tensor::<1>::ones([elements], &device.clone().autodiff()).require_grad(),
         );
-        let mut grads = GradientsParams::new();
-        grads.register(model.id, Tensor::<1>::full([elements], 0.5, &device));
+        let grads = || {
+            let mut grads = GradientsParams::new();
+            grads.register(model.id, Tensor::<1>::full([elements], 0.5, &device));
+            grads
+        };
         let _ = model.val().slice(0..1).into_data();
-        let before = persistent();
-        let model = optimizer().step(1e-3, model, grads);
+        let mut stepped = optimizer();
+        let mut before = persistent();
+        let mut model = stepped.step(1e-3, model.clone(), grads());
+        if resumed {
+            let _ = model.val().slice(0..1).into_data();
+            // Through bytes, as from a file: a record's tensors read from a Cube device would
+            // be read at the load, through copies the pools keep.
+            let record = stepped.into_bytes().unwrap();
+            let mut loaded = optimizer().from_bytes(record).unwrap();
+            before = persistent();
+            model = loaded.step(1e-3, model, grads());
+        }
         let _ = model.val().slice(0..1).into_data();
         let added = persistent() - before;
         let state = state_bytes(elements) as u64;
         eprintln!(
-            "{name}: the first step added {added} B to the persistent pool (state {state} B)"
+            "{name}: the first step{} added {added} B to the persistent pool (state {state} B)",
+            if resumed { " after a load" } else { "" }
         );
         (name, added, state)
     };
     // Parameters and gradients of under 2 MiB fit the first pages: every state stays on them.
     for case in 0..cases.len() {
-        let (name, added, state) = first_step(case, 500_000);
+        let (name, added, state) = first_step(case, 500_000, false);
         assert!(
             state == 0 || state > LAUNCHES_SLACK,
             "{name}: {state} B of state"
@@ -327,12 +344,15 @@ fn fused_state_placement_on_a_fresh_device() {
             "{name}: the first step added {added} B to the persistent pool on 2 MiB pages"
         );
     }
-    // 4 MiB tensors grow the pages: the fused states take slots.
-    for case in 0..cases.len() {
-        let (name, added, state) = first_step(case, 1 << 20);
-        assert!(
-            (state..state + LAUNCHES_SLACK).contains(&added),
-            "{name}: the first step added {added} B to the persistent pool, its state is {state} B"
-        );
+    // 4 MiB tensors grow the pages: the fused states take slots, made or loaded.
+    for (resumed, elements) in [(false, 1 << 20), (true, (1 << 20) + 1024)] {
+        for case in 0..cases.len() {
+            let (name, added, state) = first_step(case, elements, resumed);
+            assert!(
+                (state..state + LAUNCHES_SLACK).contains(&added),
+                "{name}: the first step (resumed: {resumed}) added {added} B to the persistent \
+                 pool, its state is {state} B"
+            );
+        }
     }
 }

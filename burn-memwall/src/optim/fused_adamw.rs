@@ -5,7 +5,7 @@ use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::optim::{AdamWState, AdaptiveMomentumState, LearningRate, ModuleOptimizer, Optimizer};
 use burn::prelude::*;
 
-use super::{StatePlacement, with_clipping};
+use super::{FusedState, StatePlacement, StateTensors, with_clipping};
 use crate::ops::adamw_update::{AdamWStep, adamw_update};
 
 /// [`FusedAdamW`]'s settings, with `burn::optim::AdamWConfig`'s names and defaults (without
@@ -29,10 +29,10 @@ pub struct FusedAdamWConfig {
 }
 
 /// AdamW whose per-parameter step is one fused, in-place pass (`ops/adamw_update`).
-/// The math, the state and its record are Burn's `AdamW`'s (a checkpoint of either loads into
-/// the other); what changes is memory and time: Burn's step allocates about five
-/// parameter-sized temporaries and makes the new weights beside the old ones, this one writes
-/// the weights and both moments where they are when nothing else holds them.
+/// The math, the state (in a [`FusedState`]) and its record are Burn's `AdamW`'s (a checkpoint
+/// of either loads into the other); what changes is memory and time: Burn's step allocates about
+/// five parameter-sized temporaries and makes the new weights beside the old ones, this one
+/// writes the weights and both moments where they are when nothing else holds them.
 #[derive(Clone, Debug)]
 pub struct FusedAdamW {
     beta_1: f32,
@@ -76,7 +76,7 @@ impl FusedAdamW {
 }
 
 impl Optimizer for FusedAdamW {
-    type State<const D: usize> = AdamWState<D>;
+    type State<const D: usize> = FusedState<AdamWState<D>>;
 
     fn step<const D: usize>(
         &self,
@@ -86,6 +86,7 @@ impl Optimizer for FusedAdamW {
         state: Option<Self::State<D>>,
     ) -> (Tensor<D>, Option<Self::State<D>>) {
         // No state yet is both moments at zero: the first update gives Burn's initial moments.
+        let state = state.map(|state| self.state.place(state, &grad.device()));
         let (time, moment_1, moment_2) = match state {
             Some(AdamWState { momentum }) => {
                 (momentum.time + 1, momentum.moment_1, momentum.moment_2)
@@ -98,11 +99,17 @@ impl Optimizer for FusedAdamW {
         let step = self.scalars(lr, time);
         let (tensor, moment_1, moment_2) = adamw_update(tensor, grad, moment_1, moment_2, step);
         let momentum = AdaptiveMomentumState::new(time, moment_1, moment_2);
-        (tensor, Some(AdamWState::new(momentum)))
+        (tensor, Some(FusedState::Placed(AdamWState::new(momentum))))
     }
 
-    fn to_device<const D: usize>(mut state: Self::State<D>, device: &Device) -> Self::State<D> {
-        state.momentum = state.momentum.to_device(device);
-        state
+    fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {
+        state.to_device(device)
+    }
+}
+
+impl<const D: usize> StateTensors for AdamWState<D> {
+    fn to_device(mut self, device: &Device) -> Self {
+        self.momentum = self.momentum.to_device(device);
+        self
     }
 }

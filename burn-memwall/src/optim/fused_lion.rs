@@ -5,7 +5,7 @@ use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::optim::{LearningRate, LionState, ModuleOptimizer, Optimizer};
 use burn::prelude::*;
 
-use super::{StatePlacement, with_clipping};
+use super::{FusedState, StatePlacement, StateTensors, with_clipping};
 use crate::ops::momentum_update::{MomentumStep, momentum_update};
 
 /// [`FusedLion`]'s settings, with `burn::optim::LionConfig`'s names and defaults.
@@ -25,7 +25,7 @@ pub struct FusedLionConfig {
 }
 
 /// Lion whose per-parameter step is one fused, in-place pass
-/// (`ops/momentum_update`). The math, the state and its record are
+/// (`ops/momentum_update`). The math, the state (in a [`FusedState`]) and its record are
 /// `burn::optim::Lion`'s (a checkpoint of either loads into the other); Burn's step makes about
 /// five parameter-sized temporaries and the new weights beside the old ones, this one writes the
 /// weights and the moment where they are when nothing else holds them.
@@ -55,7 +55,7 @@ impl FusedLionConfig {
 }
 
 impl Optimizer for FusedLion {
-    type State<const D: usize> = LionState<D>;
+    type State<const D: usize> = FusedState<LionState<D>>;
 
     fn step<const D: usize>(
         &self,
@@ -65,14 +65,23 @@ impl Optimizer for FusedLion {
         state: Option<Self::State<D>>,
     ) -> (Tensor<D>, Option<Self::State<D>>) {
         // No state yet is a zero moment: the formula then gives Burn's first step.
-        let moment = state.map_or_else(|| self.moment.zero(&grad), |state| state.momentum);
+        let moment = match state {
+            Some(state) => self.moment.place(state, &grad.device()).momentum,
+            None => self.moment.zero(&grad),
+        };
         let step = MomentumStep::lion(lr, self.beta_1, self.beta_2, self.weight_decay);
         let (tensor, momentum) = momentum_update(tensor, grad, moment, step);
-        (tensor, Some(LionState::new(momentum)))
+        (tensor, Some(FusedState::Placed(LionState::new(momentum))))
     }
 
-    fn to_device<const D: usize>(mut state: Self::State<D>, device: &Device) -> Self::State<D> {
-        state.momentum = state.momentum.to_device(device);
-        state
+    fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {
+        state.to_device(device)
+    }
+}
+
+impl<const D: usize> StateTensors for LionState<D> {
+    fn to_device(mut self, device: &Device) -> Self {
+        self.momentum = self.momentum.to_device(device);
+        self
     }
 }

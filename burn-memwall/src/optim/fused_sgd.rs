@@ -10,7 +10,7 @@ use burn::optim::{
 };
 use burn::prelude::*;
 
-use super::{StatePlacement, with_clipping};
+use super::{FusedState, StatePlacement, StateTensors, with_clipping};
 use crate::ops::momentum_update::{MomentumStep, momentum_update, sgd_update};
 
 /// [`FusedSgd`]'s settings, with the meaning of `burn::optim::SgdConfig`'s.
@@ -66,7 +66,7 @@ impl FusedSgdConfig {
 }
 
 impl Optimizer for FusedSgd {
-    type State<const D: usize> = FusedSgdState<D>;
+    type State<const D: usize> = FusedState<FusedSgdState<D>>;
 
     fn step<const D: usize>(
         &self,
@@ -80,15 +80,24 @@ impl Optimizer for FusedSgd {
         };
         let first = state.is_none();
         // The first step's velocity is the gradient itself: the zeros are only read as `0·m`.
-        let velocity = state.map_or_else(|| self.velocity.zero(&grad), |state| state.velocity);
+        let velocity = match state {
+            Some(state) => self.velocity.place(state, &grad.device()).velocity,
+            None => self.velocity.zero(&grad),
+        };
         let step = MomentumStep::sgd(lr, self.l2, momentum, first);
         let (tensor, velocity) = momentum_update(tensor, grad, velocity, step);
-        (tensor, Some(FusedSgdState { velocity }))
+        (tensor, Some(FusedState::Placed(FusedSgdState { velocity })))
     }
 
-    fn to_device<const D: usize>(mut state: Self::State<D>, device: &Device) -> Self::State<D> {
-        state.velocity = state.velocity.to_device(device);
-        state
+    fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {
+        state.to_device(device)
+    }
+}
+
+impl<const D: usize> StateTensors for FusedSgdState<D> {
+    fn to_device(mut self, device: &Device) -> Self {
+        self.velocity = self.velocity.to_device(device);
+        self
     }
 }
 

@@ -8,7 +8,7 @@ use burn_memwall_codes::moments::block_size;
 use burn_memwall_codes::packing::words_for;
 use serde::{Deserialize, Serialize};
 
-use super::{FusedAdamW, FusedAdamWConfig, with_clipping};
+use super::{FusedAdamW, FusedAdamWConfig, FusedState, StateTensors, with_clipping};
 use crate::ops::low_bit_adamw_update::{CodedMoment, low_bit_adamw_update};
 
 /// How many bits each moment value of [`LowBitAdamW`] keeps.
@@ -117,7 +117,7 @@ impl CodedMoment {
 }
 
 impl Optimizer for LowBitAdamW {
-    type State<const D: usize> = LowBitAdamWState;
+    type State<const D: usize> = FusedState<LowBitAdamWState>;
 
     fn step<const D: usize>(
         &self,
@@ -127,6 +127,7 @@ impl Optimizer for LowBitAdamW {
         state: Option<Self::State<D>>,
     ) -> (Tensor<D>, Option<Self::State<D>>) {
         let bits = self.bits.bits();
+        let state = state.map(|state| self.adamw.state.place(state, &grad.device()));
         let (time, first, second) = match state {
             Some(state) => {
                 assert_eq!(
@@ -152,18 +153,24 @@ impl Optimizer for LowBitAdamW {
             first,
             second,
         };
-        (tensor, Some(state))
+        (tensor, Some(FusedState::Placed(state)))
     }
 
     fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {
+        state.to_device(device)
+    }
+}
+
+impl StateTensors for LowBitAdamWState {
+    fn to_device(self, device: &Device) -> Self {
         let to = |moment: CodedMoment| CodedMoment {
             words: moment.words.to_device(device),
             scales: moment.scales.to_device(device),
         };
-        LowBitAdamWState {
-            first: to(state.first),
-            second: to(state.second),
-            ..state
+        Self {
+            first: to(self.first),
+            second: to(self.second),
+            ..self
         }
     }
 }
@@ -325,9 +332,9 @@ mod tests {
                         lr,
                         Tensor::<1>::from_floats(w.as_slice(), &device),
                         Tensor::<1>::from_floats(g.as_slice(), &device),
-                        Some(state),
+                        Some(FusedState::Placed(state)),
                     );
-                    state = new_state.unwrap();
+                    state = new_state.unwrap().inner().clone();
                     w = param.to_data().try_to_vec().unwrap();
                     let case = format!("{device:?}, {bits} bits, step {t}");
                     for (i, (&got, want)) in w.iter().zip(&want_w).enumerate() {
