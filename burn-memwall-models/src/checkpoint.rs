@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use burn::module::{Module, ModuleMapper, Param};
 use burn::prelude::*;
 use burn::store::{ModuleSnapshot, SafetensorsStore};
+use burn::tensor::FloatDType;
 
 use crate::Error;
 
@@ -75,7 +76,11 @@ pub(crate) fn save_safetensors_with<M: Module>(
 /// Loads a safetensors file into `module`; every tensor must be present with the module's shape
 /// (a file from another config is rejected, naming the first mismatched tensors).
 pub fn load_safetensors<M: Module>(module: M, path: impl AsRef<Path>) -> Result<M, Error> {
-    let path = path.as_ref();
+    read_safetensors(module, path.as_ref()).map(in_device_precision)
+}
+
+/// [`load_safetensors`] with each parameter in the type the file stored.
+pub(crate) fn read_safetensors<M: Module>(module: M, path: &Path) -> Result<M, Error> {
     if !path.exists() {
         return Err(Error::io(path, std::io::ErrorKind::NotFound.into()));
     }
@@ -94,7 +99,7 @@ pub fn load_safetensors<M: Module>(module: M, path: impl AsRef<Path>) -> Result<
             result.errors, result.missing, result.unused
         )));
     }
-    Ok(in_device_precision(module))
+    Ok(module)
 }
 
 /// `module` with every float parameter in its device's default float type. A loaded parameter
@@ -102,11 +107,20 @@ pub fn load_safetensors<M: Module>(module: M, path: impl AsRef<Path>) -> Result<
 /// mix float types: a model trained or served in another precision than its file's is cast
 /// once, here.
 pub(crate) fn in_device_precision<M: Module>(module: M) -> M {
-    struct ToDevicePrecision;
-    impl ModuleMapper for ToDevicePrecision {
+    in_precision(module, None)
+}
+
+/// `module` with every float parameter in `float`, or where `None` in its device's default
+/// float type ([`in_device_precision`]): `float` casts a model prepared on the host for a
+/// device whose default differs.
+pub(crate) fn in_precision<M: Module>(module: M, float: Option<FloatDType>) -> M {
+    struct ToPrecision(Option<FloatDType>);
+    impl ModuleMapper for ToPrecision {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
             let value = param.val();
-            let dtype = value.device().settings().float_dtype;
+            let dtype = self
+                .0
+                .unwrap_or_else(|| value.device().settings().float_dtype);
             if value.dtype() == dtype.into() {
                 return param;
             }
@@ -116,5 +130,5 @@ pub(crate) fn in_device_precision<M: Module>(module: M) -> M {
             Param::initialized(param.id, cast.set_require_grad(trains))
         }
     }
-    module.map(&mut ToDevicePrecision)
+    module.map(&mut ToPrecision(float))
 }

@@ -14,12 +14,13 @@ use std::path::{Path, PathBuf};
 use burn::module::{Module, ModuleMapper, Param};
 use burn::prelude::*;
 use burn::store::{BurnToPyTorchAdapter, ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
-use burn::tensor::DType;
+use burn::tensor::{DType, FloatDType};
 use serde::Deserialize;
 
 use crate::Error;
-use crate::checkpoint::{in_device_precision, save_safetensors_with, write_atomically};
+use crate::checkpoint::{in_precision, save_safetensors_with, write_atomically};
 use crate::lm::{BlockKind, LanguageModel, LinearKind, LmConfig, MlpKind};
+use crate::pretrained::Pretrained;
 
 /// The fields of a Llama `config.json` that shape the model. Fields that would change the
 /// computation in ways the LM does not have are read only to refuse them.
@@ -151,16 +152,17 @@ pub fn llama_config(dir: &Path) -> Result<LmConfig, Error> {
 /// missing, unexpected or of another shape than the config says, naming it.
 pub fn load_llama(dir: &Path, device: &Device) -> Result<LanguageModel, Error> {
     let config = llama_config(dir)?;
-    load_llama_weights(config.init(device)?, &config, dir)
+    Pretrained::Llama(dir.into()).load_weights(config.init(device)?, &config)
 }
 
 /// The weights of the Llama checkpoint in `dir`, of `config` ([`llama_config`]), loaded into
-/// `model`: a model of that config, with any attention and loss switches (they do not change
-/// the parameters).
+/// `model` in `float`: a model of that config, with any attention and loss switches (they do
+/// not change the parameters).
 pub(crate) fn load_llama_weights(
     model: LanguageModel,
     config: &LmConfig,
     dir: &Path,
+    float: FloatDType,
 ) -> Result<LanguageModel, Error> {
     let mut model = model;
     let files = weight_files(dir)?;
@@ -200,7 +202,7 @@ pub(crate) fn load_llama_weights(
             ),
         });
     }
-    Ok(in_device_precision(model).map(&mut RotaryPairs::new(config.d_head(), true)))
+    Ok(in_precision(model, Some(float)).map(&mut RotaryPairs::new(config.d_head(), true)))
 }
 
 /// Writes `model` of `config` into `dir` as a Hugging Face Llama checkpoint (`config.json`,

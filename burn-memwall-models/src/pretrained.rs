@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use burn::prelude::*;
 
 use crate::Error;
-use crate::checkpoint::load_safetensors;
+use burn::module::Module;
+use burn_memwall::memory::weights_onto;
+
+use crate::checkpoint::{in_precision, read_safetensors};
 use crate::data::TextTokenizer;
 use crate::llama::{llama_config, load_llama_weights};
 use crate::lm::{LanguageModel, LmConfig};
@@ -74,7 +77,10 @@ impl Pretrained {
     }
 
     /// The trained weights loaded into `model`, a model of [`Self::config`] with any attention
-    /// and loss switches.
+    /// and loss switches, on its device. They are read and prepared (cast to the device's float
+    /// type, a Llama's rotary rows reordered) in host memory, then moved onto the device as
+    /// Burn keeps weights ([`weights_onto`]): read on the device itself, each weight and each
+    /// of its preparations' copies took the pools' pages there.
     ///
     /// # Errors
     /// A missing, truncated or unreadable weights file, or tensors that do not fit the model.
@@ -83,10 +89,24 @@ impl Pretrained {
         model: LanguageModel,
         config: &LmConfig,
     ) -> Result<LanguageModel, Error> {
-        match self {
-            Self::Llama(dir) => load_llama_weights(model, config, dir),
-            Self::Run(artifacts) => load_safetensors(model, artifacts.weights()),
-        }
+        let device = model
+            .devices()
+            .into_iter()
+            .next()
+            .expect("a model has weights");
+        let float = device.settings().float_dtype;
+        let host = match device.is_autodiff() {
+            true => Device::flex().autodiff(),
+            false => Device::flex(),
+        };
+        let model = model.fork(&host);
+        let loaded = match self {
+            Self::Llama(dir) => load_llama_weights(model, config, dir, float)?,
+            Self::Run(artifacts) => {
+                in_precision(read_safetensors(model, &artifacts.weights())?, Some(float))
+            }
+        };
+        Ok(weights_onto(loaded, &device))
     }
 
     /// The model on `device` with its tokenizer: for generation or evaluation.
