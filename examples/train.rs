@@ -371,10 +371,15 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .with_seed(args.seed)
         .with_precision(precision)
         .with_lora(lora.clone());
+    // A base's shape is its own, whatever `--model` says (it conflicts with `--from`).
+    let model_name = match &base {
+        Some(base) => format!("from {}", base.dir().display()),
+        None => args.model.to_string(),
+    };
     println!(
         "model {} ({} parameters, vocab {}, MLP {:?}), {} + {} tokens (training + validation), \
          device {}",
-        args.model,
+        model_name,
         human_count(model.param_count()),
         model.vocab_size,
         model.mlp,
@@ -413,9 +418,6 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         },
         precision
     );
-    if let Some(base) = &base {
-        println!("starting from {}", base.dir().display());
-    }
     if let Some(lora) = &lora {
         lora.validate(&model)?;
         println!(
