@@ -3,12 +3,11 @@
 
 use std::path::{Path, PathBuf};
 
-use burn::prelude::*;
-
-use crate::Error;
 use burn::module::Module;
+use burn::prelude::*;
 use burn_memwall::memory::weights_onto;
 
+use crate::Error;
 use crate::checkpoint::{in_precision, read_safetensors};
 use crate::data::TextTokenizer;
 use crate::llama::{llama_config, load_llama_weights};

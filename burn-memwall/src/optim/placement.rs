@@ -132,9 +132,9 @@ thread_local! {
 
 /// Runs `step`, an optimizer's step whose new state leaves the device right after it
 /// ([`HostOffloaded`](super::HostOffloaded)): a slot it took would stay reserved and empty (the
-/// slots are kept for a later tensor of their exact size, and the state comes back on the pages), so it is made on
-/// the pages (measured on lavapipe, `small` `memwall-offload`: 110.5 MiB with the first step's
-/// state in slots).
+/// slots are kept for a later tensor of their exact size, and the state comes back on the
+/// pages), so it is made on the pages (measured on lavapipe, `small` `memwall-offload`: 110.5 MiB
+/// with the first step's state in slots).
 pub(super) fn state_leaves_the_device<T>(step: impl FnOnce() -> T) -> T {
     /// Puts the flag back as it was, also when `step` panics.
     struct Restore(bool);
