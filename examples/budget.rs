@@ -103,11 +103,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     if let Memory::Cube = args.memory {
         println!(
-            "CubeCL's pools after the first steps, checked on lavapipe (no GPU): within 9% on \
-             tiny (CubeCL's launch-metadata buffers, about 1.4 MB, are not counted) and 6% on \
-             small, except with Burn's AdamW after backward: 9 to 15% under there, a lower \
-             bound (its moving moments leave holes in the 13 MiB pages, which the model does \
-             not place)"
+            "CubeCL's pools after the first steps, checked on lavapipe: within 9% on tiny \
+             (CubeCL's launch-metadata buffers, about 1.4 MB, are not counted) and 6% on small, \
+             except with Burn's AdamW after backward: 5 to 10% under there, a lower bound (the \
+             order in which backward makes the gradients among the holes its moving moments \
+             leave is not modelled)"
         );
     }
     if let Some(name) = &args.stack {

@@ -101,6 +101,11 @@ pub enum Placement {
     /// size, on the pages otherwise: the fused optimizers' state (`optim::StatePlacement`,
     /// which reads the pools once, at the first state it makes).
     SlotsOnceTheArenaGrows,
+    /// On the pages, moved by every update: an update that is not in place (Burn's fused
+    /// element-wise update after backward) writes each new tensor into the buffer of one of its
+    /// inputs, so the parameters, their moments and the gradients trade places from step to
+    /// step ([`Budget::peak`] follows them until their places repeat).
+    MovedByTheUpdate,
 }
 
 /// The tensors of one formula, and the formula in words.
@@ -219,16 +224,143 @@ impl Budget {
     }
 
     /// The predicted peak of the step. On pools, which keep every page they open, each pool
-    /// reads its largest phase, and the pools' largest phases can differ.
+    /// reads its largest phase, and the pools' largest phases can differ; where an update moves
+    /// the tensors it rewrites ([`Placement::MovedByTheUpdate`]), the steps run until their
+    /// places repeat, and each pool reads its largest phase of any step.
     pub fn peak(&self) -> u64 {
         match self.memory {
             DeviceMemory::Heap => self.held(self.peak_phase()),
             DeviceMemory::Pools => {
-                let arena = self.arena();
-                let pages: Vec<Pages> = self.phases.iter().map(|p| Pages::of(p, arena)).collect();
-                let most = |pool: fn(&Pages) -> u64| pages.iter().map(pool).max().unwrap_or(0);
-                most(|p| p.slots) + most(|p| p.small) + most(|p| p.arena) + POOLS_STAGING
+                let most = self.settled_pages();
+                most.slots + most.small + most.arena + POOLS_STAGING
             }
+        }
+    }
+
+    /// Each pool's most pages over the phases of the steps an update that moves its tensors
+    /// needs to settle (one step where none does).
+    ///
+    /// The terms every phase begins with (the parameters, the state, the buffers) keep their
+    /// places from phase to phase, and each phase's own tensors are placed around them. An
+    /// update that is not in place writes, for each parameter, its new last moment into the
+    /// gradient's buffer and its new value into the last moment's, and frees the old value's
+    /// (Burn's AdamW after backward: the fused block's inputs are read m1, g, m2, p, and each
+    /// output takes the first freed input of its shape; cube-pools.md). So a parameter's value
+    /// lives where the gradient of two steps before was made, its moment where the last one
+    /// was, and the next gradients are made around both, in the holes the old values leave.
+    fn settled_pages(&self) -> Pages {
+        let arena = self.arena();
+        let shared = self.shared_terms();
+        let mut resident = Layout::new(arena);
+        let places: Vec<Vec<Place>> = shared.iter().map(|term| resident.place(term)).collect();
+        let mut update = MovingUpdate::of(shared, places);
+        let mut most = Pages::default();
+        // The gradients' places cycle with the period of the moves (three steps for AdamW);
+        // a full cycle without a new page is the steady state.
+        let (mut step, mut unchanged) = (0, 0);
+        while unchanged < SETTLED_STEPS && step < MOST_SETTLING_STEPS {
+            let before = most;
+            for phase in &self.phases {
+                let mut layout = resident.clone();
+                let mut gradients = None;
+                for term in &phase.terms[shared.len()..] {
+                    let placed = layout.place(term);
+                    if term.placement == Placement::MovedByTheUpdate {
+                        gradients = Some(placed);
+                    }
+                }
+                most = most.most(layout.pages());
+                if let (Some(update), Some(gradients)) = (&mut update, gradients) {
+                    update.apply(&mut resident, &gradients);
+                }
+            }
+            if update.is_none() {
+                break;
+            }
+            unchanged = if most == before { unchanged + 1 } else { 0 };
+            step += 1;
+        }
+        most
+    }
+
+    /// The terms every phase begins with.
+    fn shared_terms(&self) -> &[Term] {
+        let Some((first, rest)) = self.phases.split_first() else {
+            return &[];
+        };
+        let shared = first
+            .terms
+            .iter()
+            .enumerate()
+            .take_while(|(i, term)| rest.iter().all(|phase| phase.terms.get(*i) == Some(term)))
+            .count();
+        &first.terms[..shared]
+    }
+}
+
+/// Steps without a new page after which an update's moves count as settled.
+const SETTLED_STEPS: usize = 3;
+/// At most this many steps are followed.
+const MOST_SETTLING_STEPS: usize = 30;
+
+/// The parameters an update rewrites to new buffers, and their moments, where they are.
+struct MovingUpdate {
+    /// Each rewritten parameter's place.
+    parameters: Vec<Place>,
+    /// Each parameter's moments, in order, `moments` of them per parameter.
+    state: Vec<Place>,
+    moments: usize,
+}
+
+impl MovingUpdate {
+    /// The moving parameters and state among `terms`, placed at `places`; none where no
+    /// parameter moves.
+    fn of(terms: &[Term], places: Vec<Vec<Place>>) -> Option<Self> {
+        let mut parameters = Vec::new();
+        let mut state = Vec::new();
+        for (term, places) in terms.iter().zip(places) {
+            match (term.placement, term.pool) {
+                (Placement::MovedByTheUpdate, Pool::OptimizerState) => state.extend(places),
+                (Placement::MovedByTheUpdate, _) => parameters.extend(places),
+                _ => {}
+            }
+        }
+        let moments = state.len().checked_div(parameters.len())?;
+        (moments * parameters.len() == state.len()).then_some(Self {
+            parameters,
+            state,
+            moments,
+        })
+    }
+
+    /// One update from `gradients` (one per parameter, in order, placed in the phase's
+    /// layout): each parameter's new value takes its last moment's place (its gradient's where
+    /// it keeps none), the new last moment the gradient's, and the old value's place is freed.
+    /// A parameter whose tensors differ in size (no output can take such an input's buffer)
+    /// stays where it is, as does every parameter when the gradients do not match them.
+    fn apply(&mut self, resident: &mut Layout, gradients: &[Place]) {
+        if gradients.len() != self.parameters.len() {
+            return;
+        }
+        for (i, &gradient) in gradients.iter().enumerate() {
+            let parameter = self.parameters[i];
+            let last_moment = match self.moments {
+                0 => None,
+                moments => Some(&mut self.state[(i + 1) * moments - 1]),
+            };
+            if parameter.bytes != gradient.bytes
+                || last_moment
+                    .as_ref()
+                    .is_some_and(|m| m.bytes != gradient.bytes)
+            {
+                continue;
+            }
+            resident.free(parameter);
+            resident.occupy(gradient);
+            self.parameters[i] = match last_moment {
+                Some(moment) => std::mem::replace(moment, gradient),
+                None => gradient,
+            };
         }
     }
 }
@@ -418,7 +550,12 @@ impl Arena {
                 .max()
                 .unwrap_or(0)
         };
-        let grown = largest_on_pages(&|placement| placement != Placement::Pages) > ARENA_PAGE;
+        let grown = largest_on_pages(&|placement| {
+            matches!(
+                placement,
+                Placement::Slots | Placement::SlotsOnceTheArenaGrows
+            )
+        }) > ARENA_PAGE;
         let first = Self {
             page: ARENA_PAGE,
             grown,
@@ -434,9 +571,124 @@ impl Arena {
     /// Whether tensors placed as `placement` take exact slots.
     fn in_slots(self, placement: Placement) -> bool {
         match placement {
-            Placement::Pages => false,
+            Placement::Pages | Placement::MovedByTheUpdate => false,
             Placement::Slots => true,
             Placement::SlotsOnceTheArenaGrows => self.grown,
+        }
+    }
+}
+
+/// Where a tensor lies on the pools' pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Place {
+    /// On a small page, or on the arena's.
+    small: bool,
+    page: usize,
+    offset: u64,
+    bytes: u64,
+}
+
+/// The tensors on CubeCL's pools at one moment: the bytes in exact slots, and where each
+/// tensor lies on the small pool's and the arena's pages.
+#[derive(Clone, Debug)]
+struct Layout {
+    arena: Arena,
+    slots: u64,
+    /// Each small page's tensors, as `(offset, bytes)` by offset.
+    small: Vec<Vec<(u64, u64)>>,
+    /// Each arena page's tensors, the same way.
+    on_arena: Vec<Vec<(u64, u64)>>,
+}
+
+impl Layout {
+    fn new(arena: Arena) -> Self {
+        Self {
+            arena,
+            slots: 0,
+            small: Vec::new(),
+            on_arena: Vec::new(),
+        }
+    }
+
+    /// Places `term`'s tensors: in exact slots where `arena` puts them there, else each, in
+    /// order, in the first hole of the first page with room for it (no tensor spans two pages),
+    /// opening a page where none has room: [`SMALL_PAGE`]s, or the arena's pages. Returns the
+    /// places on the pages.
+    fn place(&mut self, term: &Term) -> Vec<Place> {
+        if self.arena.in_slots(term.placement) {
+            self.slots += term.bytes();
+            return Vec::new();
+        }
+        term.each().map(|bytes| self.take(bytes)).collect()
+    }
+
+    fn take(&mut self, bytes: u64) -> Place {
+        let small = bytes <= SMALL_TENSOR;
+        let page_bytes = self.page_bytes(small);
+        let pages = self.pages_of(small);
+        let hole = |tensors: &Vec<(u64, u64)>| {
+            let mut end = 0;
+            for &(offset, taken) in tensors {
+                if offset - end >= bytes {
+                    return Some(end);
+                }
+                end = offset + taken;
+            }
+            (page_bytes - end >= bytes).then_some(end)
+        };
+        let (page, offset) = pages
+            .iter()
+            .enumerate()
+            .find_map(|(page, tensors)| hole(tensors).map(|offset| (page, offset)))
+            .unwrap_or_else(|| {
+                pages.push(Vec::new());
+                (pages.len() - 1, 0)
+            });
+        let place = Place {
+            small,
+            page,
+            offset,
+            bytes,
+        };
+        self.occupy(place);
+        place
+    }
+
+    /// Puts a tensor at `place`, opening the pages up to it.
+    fn occupy(&mut self, place: Place) {
+        let pages = self.pages_of(place.small);
+        if pages.len() <= place.page {
+            pages.resize(place.page + 1, Vec::new());
+        }
+        let tensors = &mut pages[place.page];
+        let at = tensors.partition_point(|&(offset, _)| offset < place.offset);
+        tensors.insert(at, (place.offset, place.bytes));
+    }
+
+    fn free(&mut self, place: Place) {
+        self.pages_of(place.small)[place.page].retain(|&(offset, _)| offset != place.offset);
+    }
+
+    fn pages_of(&mut self, small: bool) -> &mut Vec<Vec<(u64, u64)>> {
+        match small {
+            true => &mut self.small,
+            false => &mut self.on_arena,
+        }
+    }
+
+    fn page_bytes(&self, small: bool) -> u64 {
+        match small {
+            true => SMALL_PAGE,
+            false => self.arena.page,
+        }
+    }
+
+    /// What the pools reserve for it.
+    fn pages(&self) -> Pages {
+        Pages {
+            slots: self.slots,
+            small: self.small.len() as u64 * SMALL_PAGE,
+            arena: self.on_arena.len() as u64 * self.arena.page,
         }
     }
 }
@@ -453,33 +705,23 @@ struct Pages {
 }
 
 impl Pages {
-    /// Places the phase's terms that `arena` puts in slots in exact slots and every other
-    /// tensor, in the order the terms list them, on the first page with room (no tensor spans
-    /// two pages), opening a page when none has room: [`SMALL_PAGE`]s, or the arena's pages.
+    /// What one phase's terms take on their own, placed in order from empty
+    /// ([`Layout::place`]).
     fn of(phase: &Phase, arena: Arena) -> Self {
-        let mut small: Vec<u64> = Vec::new(); // the room left on each page
-        let mut on_arena: Vec<u64> = Vec::new();
-        let mut pages = Self::default();
+        let mut layout = Layout::new(arena);
         for term in &phase.terms {
-            if arena.in_slots(term.placement) {
-                pages.slots += term.bytes();
-                continue;
-            }
-            for bytes in term.each() {
-                let (room, page, reserved) = match bytes <= SMALL_TENSOR {
-                    true => (&mut small, SMALL_PAGE, &mut pages.small),
-                    false => (&mut on_arena, arena.page, &mut pages.arena),
-                };
-                match room.iter_mut().find(|left| **left >= bytes) {
-                    Some(left) => *left -= bytes,
-                    None => {
-                        room.push(page - bytes);
-                        *reserved += page;
-                    }
-                }
-            }
+            layout.place(term);
         }
-        pages
+        layout.pages()
+    }
+
+    /// Each pool's larger reservation of the two.
+    fn most(self, other: Self) -> Self {
+        Self {
+            slots: self.slots.max(other.slots),
+            small: self.small.max(other.small),
+            arena: self.arena.max(other.arena),
+        }
     }
 }
 
@@ -662,11 +904,12 @@ impl OptimizerPlan {
             // The fused optimizers make their moments in the persistent pool's slots once the
             // arena has grown (`optim::StatePlacement`); Burn's make theirs on pages, as the
             // half-precision wrappers make the master copies (so a state with masters is
-            // placed on pages).
-            return match self.in_place && masters == 0 {
-                true => state.placed(Placement::SlotsOnceTheArenaGrows),
-                false => state,
-            };
+            // placed on pages), and its update after backward moves them.
+            return state.placed(match (self.in_place, self.moves_its_tensors()) {
+                (true, _) if masters == 0 => Placement::SlotsOnceTheArenaGrows,
+                (false, true) => Placement::MovedByTheUpdate,
+                _ => Placement::Pages,
+            });
         }
         let mut read_copies: Vec<u64> = census
             .trained
@@ -721,7 +964,11 @@ impl OptimizerPlan {
                 Pool::Gradients,
                 "one per trained parameter, all alive when backward ends",
                 census.trained.iter().map(|&bytes| Tensors::new(1, bytes)),
-            ),
+            )
+            .placed(match self.moves_its_tensors() {
+                true => Placement::MovedByTheUpdate,
+                false => Placement::Pages,
+            }),
             UpdateTiming::InBackward => Term::new(
                 Pool::Gradients,
                 "one at a time in backward: the largest trained parameter's",
@@ -782,6 +1029,24 @@ impl OptimizerPlan {
                 .iter()
                 .map(|&bytes| Tensors::new(u64::from(replaced), bytes)),
         )
+        .placed(match self.moves_its_tensors() {
+            true => Placement::MovedByTheUpdate,
+            false => Placement::Pages,
+        })
+    }
+
+    /// Whether each update after backward writes the new parameters and moments into other
+    /// tensors' buffers ([`Placement::MovedByTheUpdate`]): Burn's optimizers, on f32 weights
+    /// whose whole state is on the device and updated every step (the half-precision wrappers,
+    /// the offloads and a block at a time make and move their tensors otherwise, and are not
+    /// followed).
+    fn moves_its_tensors(&self) -> bool {
+        !self.in_place
+            && self.timing == UpdateTiming::AfterBackward
+            && self.half_precision.is_none()
+            && self.host_offload.is_none()
+            && self.one_block_at_a_time.is_none()
+            && matches!(self.moments, Moments::F32(_))
     }
 }
 
@@ -973,6 +1238,54 @@ mod tests {
             replaced(UpdateTiming::InBackward, false, DeviceMemory::Heap),
             0
         );
+    }
+
+    /// Burn's update after backward moves each parameter into its last moment's buffer and
+    /// that moment into the gradient's: the holes the old values leave, each too small for the
+    /// next step's workspace, cost a page that tensors left where they were do not.
+    #[test]
+    fn an_update_that_moves_its_tensors_leaves_holes_the_next_step_pays_for() {
+        let census = ParameterCensus {
+            trained: vec![3 * MIB / 4],
+            untrained_bytes: 0,
+        };
+        let moving = plan(UpdateTiming::AfterBackward, false);
+        let in_place = plan(UpdateTiming::AfterBackward, true);
+        assert_eq!(
+            moving.gradients(&census).placement,
+            Placement::MovedByTheUpdate
+        );
+        assert_eq!(in_place.gradients(&census).placement, Placement::Pages);
+        // The parameter (on pages, its slot left behind), its two moments, then a 1 MiB
+        // workspace in backward and the gradient at the update, on 2 MiB pages.
+        let budget = |placement: Option<Placement>| {
+            let place = |term: Term| match placement {
+                Some(placement) => term.placed(placement),
+                None => term,
+            };
+            let resident = [
+                moving.replaced_parameters(&census, DeviceMemory::Pools),
+                moving.state(&census),
+            ]
+            .map(place);
+            let with = |name, term| phase(name, resident.iter().cloned().chain([term]).collect());
+            Budget {
+                phases: vec![
+                    with("backward", saved(&[MIB])),
+                    with("update", place(moving.gradients(&census))),
+                ],
+                memory: DeviceMemory::Pools,
+            }
+        };
+        // Left where they are: the value and the first moment fill most of one page, the
+        // second moment shares the other with the workspace, then with the gradient.
+        assert_eq!(
+            budget(Some(Placement::Pages)).peak(),
+            2 * ARENA_PAGE + POOLS_STAGING
+        );
+        // Moved: the value where the second moment was, that moment where the gradient was
+        // made, and the first page holds the first moment between holes of 3/4 and 1/2 MiB.
+        assert_eq!(budget(None).peak(), 3 * ARENA_PAGE + POOLS_STAGING);
     }
 
     fn phase(name: &'static str, terms: Vec<Term>) -> Phase {
