@@ -105,7 +105,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         println!(
             "CubeCL's pools after the first steps, checked on lavapipe: within 9% on tiny \
              (CubeCL's launch-metadata buffers, about 1.4 MB, are not counted) and 6% on small, \
-             except with Burn's AdamW after backward: 5 to 10% under there, a lower bound (the \
+             except with Burn's AdamW after backward: 5 to 11% under there, a lower bound (the \
              order in which backward makes the gradients among the holes its moving moments \
              leave is not modelled)"
         );
