@@ -905,10 +905,9 @@ impl OptimizerPlan {
             // arena has grown (`optim::StatePlacement`); Burn's make theirs on pages, as the
             // half-precision wrappers make the master copies (so a state with masters is
             // placed on pages), and its update after backward moves them.
-            return state.placed(match (self.in_place, self.moves_its_tensors()) {
-                (true, _) if masters == 0 => Placement::SlotsOnceTheArenaGrows,
-                (false, true) => Placement::MovedByTheUpdate,
-                _ => Placement::Pages,
+            return state.placed(match self.in_place && masters == 0 {
+                true => Placement::SlotsOnceTheArenaGrows,
+                false => self.rewritten_placement(),
             });
         }
         let mut read_copies: Vec<u64> = census
@@ -965,10 +964,7 @@ impl OptimizerPlan {
                 "one per trained parameter, all alive when backward ends",
                 census.trained.iter().map(|&bytes| Tensors::new(1, bytes)),
             )
-            .placed(match self.moves_its_tensors() {
-                true => Placement::MovedByTheUpdate,
-                false => Placement::Pages,
-            }),
+            .placed(self.rewritten_placement()),
             UpdateTiming::InBackward => Term::new(
                 Pool::Gradients,
                 "one at a time in backward: the largest trained parameter's",
@@ -1029,24 +1025,26 @@ impl OptimizerPlan {
                 .iter()
                 .map(|&bytes| Tensors::new(u64::from(replaced), bytes)),
         )
-        .placed(match self.moves_its_tensors() {
-            true => Placement::MovedByTheUpdate,
-            false => Placement::Pages,
-        })
+        .placed(self.rewritten_placement())
     }
 
-    /// Whether each update after backward writes the new parameters and moments into other
-    /// tensors' buffers ([`Placement::MovedByTheUpdate`]): Burn's optimizers, on f32 weights
-    /// whose whole state is on the device and updated every step (the half-precision wrappers,
-    /// the offloads and a block at a time make and move their tensors otherwise, and are not
-    /// followed).
-    fn moves_its_tensors(&self) -> bool {
-        !self.in_place
+    /// Where the pools hold the tensors each update rewrites (the parameters on pages, the
+    /// moments, the gradients): [`Placement::MovedByTheUpdate`] where each update after
+    /// backward writes the new parameters and moments into other tensors' buffers (Burn's
+    /// optimizers, on f32 weights whose whole state is on the device and updated every step),
+    /// on the pages otherwise (the half-precision wrappers, the offloads and a block at a time
+    /// make and move their tensors otherwise, and are not followed).
+    fn rewritten_placement(&self) -> Placement {
+        let moves = !self.in_place
             && self.timing == UpdateTiming::AfterBackward
             && self.half_precision.is_none()
             && self.host_offload.is_none()
             && self.one_block_at_a_time.is_none()
-            && matches!(self.moments, Moments::F32(_))
+            && matches!(self.moments, Moments::F32(_));
+        match moves {
+            true => Placement::MovedByTheUpdate,
+            false => Placement::Pages,
+        }
     }
 }
 
