@@ -1146,6 +1146,10 @@ fn trained_step_budget(
         .placed(Placement::Slots),
         true => weights_on_the_device(config, shape, &census, &stepped)?,
     };
+    let state_of = match optimizer.one_block_at_a_time {
+        Some(InactiveState::Kept) => &census,
+        _ => &stepped,
+    };
     let persistent = [
         parameters,
         Term::of(
@@ -1155,7 +1159,8 @@ fn trained_step_budget(
                 true => census.read_back_copies(),
                 false => Vec::new(),
             },
-        ),
+        )
+        .placed(Placement::Staging),
         Term::new(
             Pool::Backend,
             format!("counter codes' shared state: {CODED_MATRIX_BYTES} B per coded matrix"),
@@ -1174,11 +1179,9 @@ fn trained_step_budget(
             ],
         ),
         // A kept state is every block's (in host memory with the offload, where each block's
-        // largest parameter and every size's read-back copy may come to the device).
-        optimizer.state(match optimizer.one_block_at_a_time {
-            Some(InactiveState::Kept) => &census,
-            _ => &stepped,
-        }),
+        // largest parameter may come to the device and leave a read-back copy of each size).
+        optimizer.state(state_of),
+        optimizer.read_back_copies(state_of),
     ];
     let phase = |name: &'static str, terms: Vec<Term>| Phase {
         name,

@@ -101,6 +101,11 @@ pub enum Placement {
     /// size, on the pages otherwise: the fused optimizers' state (`optim::StatePlacement`,
     /// which reads the pools once, at the first state it makes).
     SlotsOnceTheArenaGrows,
+    /// Each in an exact-size page of the staging pool, which wgpu reads device memory back
+    /// through (mapped copies, one exclusive page each, kept for the next read): the copies a
+    /// tensor read back to host memory leaves (measured on lavapipe, 10 steps: 7.88 MB there
+    /// for `small`'s state in host memory, 0.21 MB for `tiny`'s, none on the main pools).
+    Staging,
     /// On the pages, moved by every update: an update that is not in place (Burn's fused
     /// element-wise update after backward) writes each new tensor into the buffer of one of its
     /// inputs, so the parameters, their moments and the gradients trade places from step to
@@ -202,7 +207,7 @@ impl Budget {
             DeviceMemory::Heap => phase.bytes(),
             DeviceMemory::Pools => {
                 let pages = Pages::of(phase, self.arena());
-                pages.slots + pages.small + pages.arena + POOLS_STAGING
+                pages.slots + pages.small + pages.arena + POOLS_OWN
             }
         }
     }
@@ -232,7 +237,7 @@ impl Budget {
             DeviceMemory::Heap => self.held(self.peak_phase()),
             DeviceMemory::Pools => {
                 let most = self.settled_pages();
-                most.slots + most.small + most.arena + POOLS_STAGING
+                most.slots + most.small + most.arena + POOLS_OWN
             }
         }
     }
@@ -511,9 +516,13 @@ const SMALL_PAGE: u64 = 8 * MIB;
 /// to its size plus [`ARENA_GROWTH_MARGIN`], rounded up to whole MiB (`arena.rs`).
 const ARENA_PAGE: u64 = 2 * MIB;
 const ARENA_GROWTH_MARGIN: u64 = MIB;
-/// The pools' own: staging and uniform buffers (measured on lavapipe: 0.08 to 0.72 MiB past
-/// the tensors' pages; docs/memory-model/cube-pools.md).
-const POOLS_STAGING: u64 = 100 << 10;
+/// The pools' own pages beside the tensors': chiefly the uniform pool, where the wgpu stream
+/// caches each distinct launch's metadata (its shapes, strides and scalars) on an exclusive
+/// page, up to 512 of them (cubecl-wgpu `compute/stream.rs`), and a staging page. The distinct
+/// launches of a step follow its ops, not the model's size: on lavapipe after 10 steps the
+/// uniform pool held 1.45 to 1.60 MB on `tiny` and `small`, seq 64 and 256, every stack read,
+/// and staging 16 KB (docs/memory-model/cube-pools.md).
+const POOLS_OWN: u64 = 3 * MIB / 2;
 
 /// Whether `device`'s pools have served a tensor larger than the arena's first page: from
 /// then on the arena opens pages of that tensor's size ([`Placement::SlotsOnceTheArenaGrows`]).
@@ -572,7 +581,7 @@ impl Arena {
     fn in_slots(self, placement: Placement) -> bool {
         match placement {
             Placement::Pages | Placement::MovedByTheUpdate => false,
-            Placement::Slots => true,
+            Placement::Slots | Placement::Staging => true,
             Placement::SlotsOnceTheArenaGrows => self.grown,
         }
     }
@@ -696,7 +705,7 @@ impl Layout {
 /// What CubeCL's pools reserve for one phase's tensors.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Pages {
-    /// Exact slots of the persistent pool.
+    /// Exact slots of the persistent pool, and the staging pool's exact pages.
     slots: u64,
     /// Small pages.
     small: u64,
@@ -851,21 +860,14 @@ impl OptimizerPlan {
 
     /// The moments of every trained parameter, and its f32 master copy when the half-precision
     /// weights keep one, kept between steps. With the state on the host, the largest trained
-    /// parameter's, on the device during its update, and the copies the state is read back
-    /// through: wgpu reads a buffer through a mapped copy that its pools keep reserved for the
-    /// next read of the same size, so one copy of each size of state tensor stays (measured on
-    /// lavapipe: reading 12 MiB back holds 24 MiB there). With the update on the host, only the
-    /// copies the gradients are read back through, one of each size of chunk
-    /// ([`crate::optim::HostStepped`] moves 4 MiB at most at once); the chunks it writes are
-    /// freed at once and reused (measured on lavapipe: `small` at ×0.998 without them, ×1.085
-    /// with them).
+    /// parameter's, on the device during its update (the copies it is read back through are
+    /// [`Self::read_back_copies`]); with the update on the host, none.
     pub fn state(&self, census: &ParameterCensus) -> Term {
         if self.host_offload == Some(HostOffload::Update) {
-            return Term::of(
+            return Term::new(
                 Pool::OptimizerState,
-                "none on the device (the update runs on the host); a read-back copy of each \
-                 size of gradient chunk, up to 4 MiB",
-                census.read_back_copies(),
+                "none on the device (the update runs on the host)",
+                0,
             );
         }
         let masters = u64::from(self.half_precision == Some(HalfPrecisionUpdate::Masters));
@@ -910,25 +912,46 @@ impl OptimizerPlan {
                 false => self.rewritten_placement(),
             });
         }
-        let mut read_copies: Vec<u64> = census
-            .trained
-            .iter()
-            .flat_map(|&bytes| tensors_of(bytes))
-            .filter(|tensors| tensors.count > 0)
-            .map(|tensors| tensors.bytes)
-            .collect();
-        read_copies.sort_unstable();
-        read_copies.dedup();
         Term::of(
             Pool::OptimizerState,
             format!(
-                "{moments}{master} × the largest trained parameter, during its update, and a \
-                 read-back copy of each size of state tensor (the rest in host memory)"
+                "{moments}{master} × the largest trained parameter, during its update (the \
+                 rest in host memory)"
             ),
-            tensors_of(census.largest_trained_bytes())
-                .into_iter()
-                .chain(read_copies.into_iter().map(|bytes| Tensors::new(1, bytes))),
+            tensors_of(census.largest_trained_bytes()),
         )
+    }
+
+    /// The copies an update in host memory reads back through, in wgpu's staging pool
+    /// ([`Placement::Staging`]), which keeps a mapped copy for the next read of its size: with
+    /// the state on the host, one of each size of state tensor; with the update on the host,
+    /// one of each size of gradient chunk ([`crate::optim::HostStepped`] moves 4 MiB at most
+    /// at once; the chunks it writes are freed at once and reused). None without an offload.
+    pub fn read_back_copies(&self, census: &ParameterCensus) -> Term {
+        let (what, copies) = match self.host_offload {
+            None => ("none: no state leaves the device", Vec::new()),
+            Some(HostOffload::Update) => (
+                "a read-back copy of each size of gradient chunk, up to 4 MiB",
+                census.read_back_copies(),
+            ),
+            Some(HostOffload::State) => {
+                let on_device = OptimizerPlan {
+                    host_offload: None,
+                    ..*self
+                };
+                let mut sizes: Vec<u64> = on_device.state(census).each().collect();
+                sizes.sort_unstable();
+                sizes.dedup();
+                (
+                    "a read-back copy of each size of state tensor",
+                    sizes
+                        .into_iter()
+                        .map(|bytes| Tensors::new(1, bytes))
+                        .collect(),
+                )
+            }
+        };
+        Term::of(Pool::OptimizerState, what, copies).placed(Placement::Staging)
     }
 
     /// Bytes the offload keeps in host memory: every trained parameter's state, and with the
@@ -1153,13 +1176,15 @@ mod tests {
             host_offload: Some(HostOffload::State),
             ..plan(UpdateTiming::InBackward, true)
         };
-        assert_eq!(on_host.state(&census).bytes(), 2 * 300 + 300 + 200);
+        assert_eq!(on_host.state(&census).bytes(), 2 * 300);
+        assert_eq!(on_host.read_back_copies(&census).bytes(), 300 + 200);
         let masters = OptimizerPlan {
             half_precision: Some(HalfPrecisionUpdate::Masters),
             ..on_host
         };
         // Three f32 tensors of 600 B for the largest; copies of the 600 and 400 B sizes.
-        assert_eq!(masters.state(&census).bytes(), 3 * 600 + 600 + 400);
+        assert_eq!(masters.state(&census).bytes(), 3 * 600);
+        assert_eq!(masters.read_back_copies(&census).bytes(), 600 + 400);
     }
 
     /// With the update on the host the device holds no state and no update's temporaries,
@@ -1174,7 +1199,8 @@ mod tests {
                 half_precision,
                 ..plan(UpdateTiming::InBackward, false)
             };
-            assert_eq!(on_host.state(&census).bytes(), 300 + 200);
+            assert_eq!(on_host.state(&census).bytes(), 0);
+            assert_eq!(on_host.read_back_copies(&census).bytes(), 300 + 200);
             assert_eq!(on_host.update_temporaries(&census).bytes(), 0);
             let replaced = on_host.replaced_parameters(&census, DeviceMemory::Pools);
             assert_eq!(replaced.bytes(), 0);
@@ -1279,11 +1305,11 @@ mod tests {
         // second moment shares the other with the workspace, then with the gradient.
         assert_eq!(
             budget(Some(Placement::Pages)).peak(),
-            2 * ARENA_PAGE + POOLS_STAGING
+            2 * ARENA_PAGE + POOLS_OWN
         );
         // Moved: the value where the second moment was, that moment where the gradient was
         // made, and the first page holds the first moment between holes of 3/4 and 1/2 MiB.
-        assert_eq!(budget(None).peak(), 3 * ARENA_PAGE + POOLS_STAGING);
+        assert_eq!(budget(None).peak(), 3 * ARENA_PAGE + POOLS_OWN);
     }
 
     fn phase(name: &'static str, terms: Vec<Term>) -> Phase {
@@ -1342,12 +1368,29 @@ mod tests {
             memory: DeviceMemory::Pools,
         };
         let held: Vec<u64> = budget.phases.iter().map(|p| budget.held(p)).collect();
-        let fixed = 3 * MIB + 5 + POOLS_STAGING;
+        let fixed = 3 * MIB + 5 + POOLS_OWN;
         // On 6 MiB pages the first phase's three tensors share one page.
         assert_eq!(held, [fixed + 6 * MIB, fixed + 8 * MIB, fixed + 12 * MIB]);
         // The small pool's fullest phase and the arena's add up.
         assert_eq!(budget.peak(), fixed + 8 * MIB + 12 * MIB);
         assert_eq!(budget.peak_phase().name, "grown");
+    }
+
+    /// A 3 MiB read-back copy on the arena would grow its pages to 4 MiB and take one; in
+    /// the staging pool it takes its bytes, and the step's 1.5 MiB tensor one 2 MiB page.
+    #[test]
+    fn read_back_copies_take_staging_pages_of_their_size() {
+        let peak = |placement| {
+            let copy = Term::new(Pool::OptimizerState, "copy", 3 * MIB).placed(placement);
+            Budget {
+                phases: vec![phase("step", vec![copy, saved(&[3 * MIB / 2])])],
+                memory: DeviceMemory::Pools,
+            }
+            .peak()
+                - POOLS_OWN
+        };
+        assert_eq!(peak(Placement::Staging), 3 * MIB + ARENA_PAGE);
+        assert_eq!(peak(Placement::Pages), 2 * 4 * MIB);
     }
 
     #[test]
@@ -1365,7 +1408,7 @@ mod tests {
                 phases: vec![phase("step", vec![state.clone(), saved(others)])],
                 memory: DeviceMemory::Pools,
             };
-            budget.peak() - POOLS_STAGING
+            budget.peak() - POOLS_OWN
         };
         // The moments share their pages with the transients.
         assert_eq!(held(&[MIB / 2, MIB / 2]), 4 * MIB);
