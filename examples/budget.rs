@@ -103,11 +103,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     if let Memory::Cube = args.memory {
         println!(
-            "CubeCL's pools after the first steps, checked on lavapipe: within 9% on tiny \
-             (CubeCL's launch-metadata buffers, about 1.4 MB, are not counted) and 6% on small, \
-             except with Burn's AdamW after backward: 5 to 11% under there, a lower bound (the \
-             order in which backward makes the gradients among the holes its moving moments \
-             leave is not modelled)"
+            "CubeCL's pools after the first steps, checked on lavapipe: within 8% on tiny and \
+             on small, except on small with the state in host memory (up to 8% over) and with \
+             Burn's AdamW after backward: up to 11% under there, a lower bound (the holes the \
+             forward's transients and the update's moves leave are not all modelled)"
         );
     }
     if let Some(name) = &args.stack {
