@@ -490,13 +490,7 @@ impl ParameterCensus {
     /// each size of chunk, up to the 4 MiB a transfer moves at once.
     pub fn read_back_copies(&self) -> Vec<Tensors> {
         let chunk = TRANSFER_CHUNK_BYTES as u64;
-        let mut sizes: Vec<u64> = self.trained.iter().map(|&b| b.min(chunk)).collect();
-        sizes.sort_unstable();
-        sizes.dedup();
-        sizes
-            .into_iter()
-            .map(|bytes| Tensors::new(1, bytes))
-            .collect()
+        one_of_each_size(self.trained.iter().map(|&b| b.min(chunk)))
     }
 
     /// Bytes of the largest parameter that trains.
@@ -523,6 +517,18 @@ const ARENA_GROWTH_MARGIN: u64 = MIB;
 /// uniform pool held 1.45 to 1.60 MB on `tiny` and `small`, seq 64 and 256, every stack read,
 /// and staging 16 KB (docs/memory-model/cube-pools.md).
 const POOLS_OWN: u64 = 3 * MIB / 2;
+
+/// One tensor of each size among `sizes`, smallest first: the copies a read back to host
+/// memory keeps, one for each size it has read.
+fn one_of_each_size(sizes: impl Iterator<Item = u64>) -> Vec<Tensors> {
+    let mut sizes: Vec<u64> = sizes.collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
+        .into_iter()
+        .map(|bytes| Tensors::new(1, bytes))
+        .collect()
+}
 
 /// Whether `device`'s pools have served a tensor larger than the arena's first page: from
 /// then on the arena opens pages of that tensor's size ([`Placement::SlotsOnceTheArenaGrows`]).
@@ -939,15 +945,9 @@ impl OptimizerPlan {
                     host_offload: None,
                     ..*self
                 };
-                let mut sizes: Vec<u64> = on_device.state(census).each().collect();
-                sizes.sort_unstable();
-                sizes.dedup();
                 (
                     "a read-back copy of each size of state tensor",
-                    sizes
-                        .into_iter()
-                        .map(|bytes| Tensors::new(1, bytes))
-                        .collect(),
+                    one_of_each_size(on_device.state(census).each()),
                 )
             }
         };
