@@ -103,10 +103,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     if let Memory::Cube = args.memory {
         println!(
-            "CubeCL's pools after the first steps, checked on lavapipe: within 8% on tiny and \
-             on small, except on small with the state in host memory (up to 8% over) and with \
-             Burn's AdamW after backward: up to 11% under there, a lower bound (the holes the \
-             forward's transients and the update's moves leave are not all modelled)"
+            "CubeCL's pools after the first steps, checked on lavapipe: within 6% on tiny and \
+             on small, except one block at a time on tiny (8% under), the state in host memory \
+             on small (7% under to 8% over) and Burn's optimizers on small (after backward up \
+             to 8% over, in backward up to 7% under); a run can read a page more or less than \
+             another with the same seed"
         );
     }
     if let Some(name) = &args.stack {

@@ -940,10 +940,11 @@ fn weight_gradient_batches(batch: u64, seq: u64, d_out: u64) -> u64 {
 ///   beside everything the model saved;
 /// - **loss backward** (Burn's loss): two `[T, vocab]` buffers beside the saved logits;
 /// - **head backward** (Burn's loss): the head's weight gradient, made per batch and summed;
-/// - **MLP backward** and **attention backward** (standard blocks), the worst block: the
-///   activations of the blocks not walked yet, the gradients already made, the op's output;
-/// - **MLP recompute** and **attention recompute** (reversible blocks), the worst block: the
-///   sub-block rebuilt with its activations and its backward run;
+/// - **MLP backward** and **attention backward** (standard blocks), for each block from the
+///   last to the first: the activations of the blocks not walked yet, the gradients already
+///   made, the op's output;
+/// - **MLP recompute** and **attention recompute** (reversible blocks), for each block from the
+///   last to the first: the sub-block rebuilt with its activations and its backward run;
 /// - **embedding backward**: a zeroed `[vocab, d]` gradient beside every gradient kept;
 /// - **optimizer step** (after backward): every gradient and the update's temporaries.
 ///
@@ -1213,13 +1214,6 @@ fn trained_step_budget(
         ),
         (false, false) => Term::new(Pool::Gradients, "none: each applied when made", 0),
     };
-    // The worst of `phase_at(l)` over the blocks.
-    let worst_block = |phase_at: &dyn Fn(u64) -> Phase| {
-        (0..layers)
-            .map(phase_at)
-            .max_by_key(Phase::bytes)
-            .expect("a model has at least one block")
-    };
     // The larger of two sets of tensors.
     let larger = |a: Vec<Tensors>, b: Vec<Tensors>| {
         let bytes = |set: &[Tensors]| set.iter().map(|t| t.count * t.bytes).sum::<u64>();
@@ -1423,7 +1417,7 @@ fn trained_step_budget(
                 ]
             };
             let whole: Vec<Tensors> = layer.tensors().collect();
-            phases.push(worst_block(&|l| {
+            let mlp_backward_at = |l: u64| {
                 let mut terms = saved_to(l, &whole, format!("blocks 0..={l}"));
                 terms.push(gradients_at(l));
                 terms.push(workspace(
@@ -1438,8 +1432,8 @@ fn trained_step_budget(
                 ));
                 terms.push(f32_matmul("the down projection's", &down_matmuls));
                 phase("MLP backward", terms)
-            }));
-            phases.push(worst_block(&|l| {
+            };
+            let attention_backward_at = |l: u64| {
                 // Block l's MLP has given back its activations, its norm's and its input.
                 let mut terms = saved_to(
                     l,
@@ -1474,7 +1468,11 @@ fn trained_step_budget(
                 ));
                 terms.push(f32_matmul("the attention's", &attention_matmuls));
                 phase("attention backward", terms)
-            }));
+            };
+            for l in (0..layers).rev() {
+                phases.push(mlp_backward_at(l));
+                phases.push(attention_backward_at(l));
+            }
         }
         BlockKind::Reversible => {
             // The loss, the final norm and the chain's output are consumed by now; the chain's
@@ -1492,7 +1490,7 @@ fn trained_step_budget(
                     [dims.floats(u64::from(dims.half) * (b + 1), 2 * tokens * d)],
                 )
             };
-            phases.push(worst_block(&|b| {
+            let mlp_recompute_at = |b: u64| {
                 let mut terms = chain.clone();
                 terms.push(anchors(b));
                 terms.push(gradients_at(b));
@@ -1510,8 +1508,8 @@ fn trained_step_budget(
                 ));
                 terms.push(f32_matmul("the down projection's", &down_matmuls));
                 phase("MLP recompute", terms)
-            }));
-            phases.push(worst_block(&|b| {
+            };
+            let attention_recompute_at = |b: u64| {
                 let mut terms = chain.clone();
                 terms.push(anchors(b));
                 terms.push(gradients_at(b));
@@ -1554,7 +1552,11 @@ fn trained_step_budget(
                 ));
                 terms.push(f32_matmul("the attention's", &attention_matmuls));
                 phase("attention recompute", terms)
-            }));
+            };
+            for b in (0..layers).rev() {
+                phases.push(mlp_recompute_at(b));
+                phases.push(attention_recompute_at(b));
+            }
         }
     }
     // The head's share holds a dense tied table's gradient, which the embedding's adds to.

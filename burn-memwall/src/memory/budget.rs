@@ -1,11 +1,13 @@
 //! Know before the run: the memory of a training step, pool by pool, from formulas.
 //!
 //! A [`Budget`] is the step's phases, each the [`Term`]s alive together at that moment; the
-//! step's peak is its largest phase. What depends only on the parameters and the optimizer is
-//! computed here for any Burn `Module` ([`ParameterCensus`], [`OptimizerPlan`]). What the
-//! forward pass saves depends on the model's own ops, so the model supplies those terms (the
-//! reference LM's are in `burn-memwall-models`).
+//! step's peak is its largest phase on a heap, and on pools the pages its phases open, played
+//! in order. What depends only on the parameters and the optimizer is computed here for any
+//! Burn `Module` ([`ParameterCensus`], [`OptimizerPlan`]). What the forward pass saves depends
+//! on the model's own ops, so the model supplies those terms (the reference LM's are in
+//! `burn-memwall-models`).
 
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 
 use burn::module::{Module, ModuleVisitor, Param};
@@ -62,6 +64,18 @@ impl Pool {
             Self::Workspace => "workspace",
             Self::UpdateTemporaries => "update temporaries",
             Self::Backend => "backend",
+        }
+    }
+
+    /// The pools of the last phase whose tensor a tensor of this pool may be, when it is of
+    /// the same size, and then lies where that one was ([`Budget::peak`] on pools): saved
+    /// activations live on until their block's backward, gradients until the update, and a
+    /// weight's gradient is the buffer its op made it in, among the op's workspace.
+    fn continues(self) -> &'static [Pool] {
+        match self {
+            Self::SavedActivations => &[Self::SavedActivations],
+            Self::Gradients => &[Self::Gradients, Self::Workspace],
+            _ => &[],
         }
     }
 }
@@ -200,15 +214,13 @@ pub struct Budget {
 }
 
 impl Budget {
-    /// What the device holds for `phase` alone: its bytes on a heap; on pools the slots and
-    /// pages its tensors take.
-    pub fn held(&self, phase: &Phase) -> u64 {
+    /// What the device holds at each phase, in order: on a heap its bytes; on pools the slots
+    /// and the pages its tensors lie on as the step places them ([`Self::peak`]), the fullest
+    /// over the steps followed.
+    pub fn held(&self) -> Vec<u64> {
         match self.memory {
-            DeviceMemory::Heap => phase.bytes(),
-            DeviceMemory::Pools => {
-                let pages = Pages::of(phase, self.arena());
-                pages.slots + pages.small + pages.arena + POOLS_OWN
-            }
+            DeviceMemory::Heap => self.phases.iter().map(Phase::bytes).collect(),
+            DeviceMemory::Pools => self.followed().1.into_iter().map(Pages::held).collect(),
         }
     }
 
@@ -217,64 +229,61 @@ impl Budget {
         Arena::of(&self.phases)
     }
 
-    /// The phase that holds the most.
+    /// The phase that holds the most ([`Self::held`]).
     ///
     /// # Panics
     /// If the budget has no phase.
     pub fn peak_phase(&self) -> &Phase {
-        self.phases
-            .iter()
-            .max_by_key(|phase| self.held(phase))
-            .expect("a budget has at least one phase")
+        let held = self.held();
+        let fullest = (0..self.phases.len()).max_by_key(|&i| held[i]);
+        &self.phases[fullest.expect("a budget has at least one phase")]
     }
 
-    /// The predicted peak of the step. On pools, which keep every page they open, each pool
-    /// reads its largest phase, and the pools' largest phases can differ; where an update moves
-    /// the tensors it rewrites ([`Placement::MovedByTheUpdate`]), the steps run until their
-    /// places repeat, and each pool reads its largest phase of any step.
+    /// The predicted peak of the step: on a heap its fullest phase. Pools keep every page they
+    /// open, so each pool reads its fullest phase, and the pools' fullest phases can differ;
+    /// where an update moves the tensors it rewrites ([`Placement::MovedByTheUpdate`]), the
+    /// steps run until their places repeat, and each pool reads its fullest phase of any step.
     pub fn peak(&self) -> u64 {
         match self.memory {
-            DeviceMemory::Heap => self.held(self.peak_phase()),
-            DeviceMemory::Pools => {
-                let most = self.settled_pages();
-                most.slots + most.small + most.arena + POOLS_OWN
-            }
+            DeviceMemory::Heap => self.held().into_iter().max().unwrap_or(0),
+            DeviceMemory::Pools => self.followed().0.held(),
         }
     }
 
-    /// Each pool's most pages over the phases of the steps an update that moves its tensors
-    /// needs to settle (one step where none does).
+    /// The pages the pools reserve (each pool's most, as it keeps every page it opens), and
+    /// the pages each phase's tensors lie on (the fullest of the steps followed), over the
+    /// steps an update that moves its tensors needs to settle (one step where none does).
     ///
     /// The terms every phase begins with (the parameters, the state, the buffers) keep their
-    /// places from phase to phase, and each phase's own tensors are placed around them. An
-    /// update that is not in place writes, for each parameter, its new last moment into the
+    /// places from phase to phase. Each phase's own tensors are placed around them in the
+    /// order the step makes them: those that live on from the last phase where they were,
+    /// the new ones first fit in the holes the others leave ([`Layout::follow`]). An update
+    /// that is not in place writes, for each parameter, its new last moment into the
     /// gradient's buffer and its new value into the last moment's, and frees the old value's
     /// (Burn's AdamW after backward: the fused block's inputs are read m1, g, m2, p, and each
     /// output takes the first freed input of its shape; cube-pools.md). So a parameter's value
     /// lives where the gradient of two steps before was made, its moment where the last one
     /// was, and the next gradients are made around both, in the holes the old values leave.
-    fn settled_pages(&self) -> Pages {
+    fn followed(&self) -> (Pages, Vec<Pages>) {
         let arena = self.arena();
         let shared = self.shared_terms();
         let mut resident = Layout::new(arena);
         let places: Vec<Vec<Place>> = shared.iter().map(|term| resident.place(term)).collect();
         let mut update = MovingUpdate::of(shared, places);
         let mut most = Pages::default();
+        let mut phases = vec![Pages::default(); self.phases.len()];
         // The gradients' places cycle with the period of the moves (three steps for AdamW);
         // a full cycle without a new page is the steady state.
         let (mut step, mut unchanged) = (0, 0);
         while unchanged < SETTLED_STEPS && step < MOST_SETTLING_STEPS {
             let before = most;
-            for phase in &self.phases {
-                let mut layout = resident.clone();
-                let mut gradients = None;
-                for term in &phase.terms[shared.len()..] {
-                    let placed = layout.place(term);
-                    if term.placement == Placement::MovedByTheUpdate {
-                        gradients = Some(placed);
-                    }
-                }
+            let mut layout = resident.clone();
+            let mut alive = Vec::new();
+            for (phase, fullest) in self.phases.iter().zip(&mut phases) {
+                let gradients;
+                (alive, gradients) = layout.follow(&resident, alive, &phase.terms[shared.len()..]);
                 most = most.most(layout.pages());
+                *fullest = fullest.most(layout.pages_in_use());
                 if let (Some(update), Some(gradients)) = (&mut update, gradients) {
                     update.apply(&mut resident, &gradients);
                 }
@@ -285,7 +294,7 @@ impl Budget {
             unchanged = if most == before { unchanged + 1 } else { 0 };
             step += 1;
         }
-        most
+        (most, phases)
     }
 
     /// The terms every phase begins with.
@@ -371,15 +380,25 @@ impl MovingUpdate {
 }
 
 impl fmt::Display for Budget {
-    /// Each phase's total, then the peak phase's terms.
+    /// Each phase's total (of phases that recur, one per block, the fullest), then the peak
+    /// phase's terms.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for phase in &self.phases {
-            writeln!(
-                f,
-                "{:<24} {:>12}",
-                phase.name,
-                human_bytes(self.held(phase))
-            )?;
+        let mut names: Vec<(&str, u64, usize)> = Vec::new();
+        for (phase, held) in self.phases.iter().zip(self.held()) {
+            match names.iter_mut().find(|(name, ..)| *name == phase.name) {
+                Some((_, fullest, count)) => {
+                    *fullest = (*fullest).max(held);
+                    *count += 1;
+                }
+                None => names.push((phase.name, held, 1)),
+            }
+        }
+        for (name, fullest, count) in names {
+            let name = match count {
+                1 => name.to_string(),
+                blocks => format!("{name} (fullest of {blocks})"),
+            };
+            writeln!(f, "{name:<36} {:>12}", human_bytes(fullest))?;
         }
         let peak = self.peak_phase();
         writeln!(f, "peak: {} ({})", human_bytes(self.peak()), peak.name)?;
@@ -637,6 +656,64 @@ impl Layout {
         term.each().map(|bytes| self.take(bytes)).collect()
     }
 
+    /// Moves the layout on from one phase to the next, whose own tensors are `terms`'
+    /// (`alive`: the last phase's own, as returned before). A tensor of the next phase that
+    /// continues one of the last ([`Pool::continues`]) keeps the place of the first of those
+    /// of its size, in order; the last phase's other tensors are freed, and then the rest of
+    /// the next phase's are placed in order ([`Self::place`]). Returns the next phase's own
+    /// tensors, and the places of its [`Placement::MovedByTheUpdate`] term if it has one.
+    fn follow(
+        &mut self,
+        resident: &Layout,
+        alive: Vec<(Pool, Place)>,
+        terms: &[Term],
+    ) -> (Vec<(Pool, Place)>, Option<Vec<Place>>) {
+        let mut leaving: HashMap<(Pool, u64), VecDeque<Place>> = HashMap::new();
+        for (pool, place) in alive {
+            leaving
+                .entry((pool, place.bytes))
+                .or_default()
+                .push_back(place);
+        }
+        let arena = self.arena;
+        let on_pages = |term: &&Term| !arena.in_slots(term.placement);
+        let kept: Vec<Vec<Option<Place>>> = terms
+            .iter()
+            .filter(on_pages)
+            .map(|term| {
+                term.each()
+                    .map(|bytes| {
+                        term.pool
+                            .continues()
+                            .iter()
+                            .find_map(|&pool| leaving.get_mut(&(pool, bytes))?.pop_front())
+                    })
+                    .collect()
+            })
+            .collect();
+        for place in leaving.into_values().flatten() {
+            self.free(place);
+        }
+        self.slots = resident.slots;
+        for term in terms.iter().filter(|term| !on_pages(term)) {
+            self.slots += term.bytes();
+        }
+        let mut next = Vec::new();
+        let mut moved = None;
+        for (term, kept) in terms.iter().filter(on_pages).zip(kept) {
+            let places: Vec<Place> = term
+                .each()
+                .zip(kept)
+                .map(|(bytes, kept)| kept.unwrap_or_else(|| self.take(bytes)))
+                .collect();
+            next.extend(places.iter().map(|&place| (term.pool, place)));
+            if term.placement == Placement::MovedByTheUpdate {
+                moved = Some(places);
+            }
+        }
+        (next, moved)
+    }
+
     fn take(&mut self, bytes: u64) -> Place {
         let small = bytes <= SMALL_TENSOR;
         let page_bytes = self.page_bytes(small);
@@ -698,12 +775,22 @@ impl Layout {
         }
     }
 
-    /// What the pools reserve for it.
+    /// What the pools reserve for it: every page opened.
     fn pages(&self) -> Pages {
         Pages {
             slots: self.slots,
             small: self.small.len() as u64 * SMALL_PAGE,
             arena: self.on_arena.len() as u64 * self.arena.page,
+        }
+    }
+
+    /// The pages that hold a tensor now.
+    fn pages_in_use(&self) -> Pages {
+        let in_use = |pages: &[Vec<(u64, u64)>]| pages.iter().filter(|t| !t.is_empty()).count();
+        Pages {
+            slots: self.slots,
+            small: in_use(&self.small) as u64 * SMALL_PAGE,
+            arena: in_use(&self.on_arena) as u64 * self.arena.page,
         }
     }
 }
@@ -720,14 +807,9 @@ struct Pages {
 }
 
 impl Pages {
-    /// What one phase's terms take on their own, placed in order from empty
-    /// ([`Layout::place`]).
-    fn of(phase: &Phase, arena: Arena) -> Self {
-        let mut layout = Layout::new(arena);
-        for term in &phase.terms {
-            layout.place(term);
-        }
-        layout.pages()
+    /// The bytes the device holds for them, with the pools' own pages.
+    fn held(self) -> u64 {
+        self.slots + self.small + self.arena + POOLS_OWN
     }
 
     /// Each pool's larger reservation of the two.
@@ -1367,13 +1449,75 @@ mod tests {
             phases: vec![arena, small, grown],
             memory: DeviceMemory::Pools,
         };
-        let held: Vec<u64> = budget.phases.iter().map(|p| budget.held(p)).collect();
+        let held = budget.held();
         let fixed = 3 * MIB + 5 + POOLS_OWN;
         // On 6 MiB pages the first phase's three tensors share one page.
         assert_eq!(held, [fixed + 6 * MIB, fixed + 8 * MIB, fixed + 12 * MIB]);
         // The small pool's fullest phase and the arena's add up.
         assert_eq!(budget.peak(), fixed + 8 * MIB + 12 * MIB);
         assert_eq!(budget.peak_phase().name, "grown");
+    }
+
+    /// A tensor that lives on into the next phase stays where it was made, and the next
+    /// phase's tensors fit around it: a 0.5 MiB tensor left in the middle of a 2 MiB page
+    /// leaves no room there for a 1.5 MiB workspace, which a page packed afresh would have.
+    #[test]
+    fn tensors_that_live_on_keep_their_places() {
+        let term =
+            |pool, bytes: &[u64]| Term::of(pool, "x", bytes.iter().map(|&b| Tensors::new(1, b)));
+        let (quarters, half, three_halves) = (3 * MIB / 4, MIB / 2, 3 * MIB / 2);
+        let pages = |phases: Vec<Phase>| {
+            let budget = Budget {
+                phases,
+                memory: DeviceMemory::Pools,
+            };
+            let held = budget.held();
+            (
+                held.iter()
+                    .map(|bytes| (bytes - POOLS_OWN) / ARENA_PAGE)
+                    .collect(),
+                (budget.peak() - POOLS_OWN) / ARENA_PAGE,
+            )
+        };
+        // A saved tensor stays where the forward made it, after the workspace before it.
+        let saved_lives_on = pages(vec![
+            phase(
+                "forward",
+                vec![term(Pool::Workspace, &[quarters]), saved(&[half])],
+            ),
+            phase(
+                "backward",
+                vec![saved(&[half]), term(Pool::Workspace, &[three_halves])],
+            ),
+        ]);
+        assert_eq!(saved_lives_on, (vec![1, 2], 2));
+        // A gradient stays where it was made, after the saved tensor before it.
+        let gradient_lives_on = pages(vec![
+            phase(
+                "backward",
+                vec![saved(&[half]), term(Pool::Gradients, &[half])],
+            ),
+            phase(
+                "embedding",
+                vec![
+                    term(Pool::Gradients, &[half]),
+                    term(Pool::Workspace, &[three_halves]),
+                ],
+            ),
+        ]);
+        assert_eq!(gradient_lives_on, (vec![1, 2], 2));
+        // A weight's gradient is the buffer its op made it in, not the first hole of its size.
+        let gradient_from_workspace = pages(vec![
+            phase("op", vec![saved(&[half]), term(Pool::Workspace, &[half])]),
+            phase(
+                "next",
+                vec![
+                    term(Pool::Gradients, &[half]),
+                    term(Pool::Workspace, &[three_halves]),
+                ],
+            ),
+        ]);
+        assert_eq!(gradient_from_workspace, (vec![1, 2], 2));
     }
 
     /// A 3 MiB read-back copy on the arena would grow its pages to 4 MiB and take one; in
