@@ -218,10 +218,7 @@ impl Budget {
     /// and the pages its tensors lie on as the step places them ([`Self::peak`]), the fullest
     /// over the steps followed.
     pub fn held(&self) -> Vec<u64> {
-        match self.memory {
-            DeviceMemory::Heap => self.phases.iter().map(Phase::bytes).collect(),
-            DeviceMemory::Pools => self.followed().1.into_iter().map(Pages::held).collect(),
-        }
+        self.peak_and_held().1
     }
 
     /// The arena's pages through the step.
@@ -234,7 +231,11 @@ impl Budget {
     /// # Panics
     /// If the budget has no phase.
     pub fn peak_phase(&self) -> &Phase {
-        let held = self.held();
+        self.fullest_phase(&self.held())
+    }
+
+    /// The phase whose `held` (one per phase, in order) is the most.
+    fn fullest_phase(&self, held: &[u64]) -> &Phase {
         let fullest = (0..self.phases.len()).max_by_key(|&i| held[i]);
         &self.phases[fullest.expect("a budget has at least one phase")]
     }
@@ -244,9 +245,20 @@ impl Budget {
     /// where an update moves the tensors it rewrites ([`Placement::MovedByTheUpdate`]), the
     /// steps run until their places repeat, and each pool reads its fullest phase of any step.
     pub fn peak(&self) -> u64 {
+        self.peak_and_held().0
+    }
+
+    /// [`Self::peak`] and [`Self::held`], from one play of the step on pools.
+    fn peak_and_held(&self) -> (u64, Vec<u64>) {
         match self.memory {
-            DeviceMemory::Heap => self.held().into_iter().max().unwrap_or(0),
-            DeviceMemory::Pools => self.followed().0.held(),
+            DeviceMemory::Heap => {
+                let held: Vec<u64> = self.phases.iter().map(Phase::bytes).collect();
+                (held.iter().copied().max().unwrap_or(0), held)
+            }
+            DeviceMemory::Pools => {
+                let (most, phases) = self.followed();
+                (most.held(), phases.into_iter().map(Pages::held).collect())
+            }
         }
     }
 
@@ -383,8 +395,9 @@ impl fmt::Display for Budget {
     /// Each phase's total (of phases that recur, one per block, the fullest), then the peak
     /// phase's terms.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (peak, held) = self.peak_and_held();
         let mut names: Vec<(&str, u64, usize)> = Vec::new();
-        for (phase, held) in self.phases.iter().zip(self.held()) {
+        for (phase, &held) in self.phases.iter().zip(&held) {
             match names.iter_mut().find(|(name, ..)| *name == phase.name) {
                 Some((_, fullest, count)) => {
                     *fullest = (*fullest).max(held);
@@ -400,9 +413,9 @@ impl fmt::Display for Budget {
             };
             writeln!(f, "{name:<36} {:>12}", human_bytes(fullest))?;
         }
-        let peak = self.peak_phase();
-        writeln!(f, "peak: {} ({})", human_bytes(self.peak()), peak.name)?;
-        for term in &peak.terms {
+        let fullest = self.fullest_phase(&held);
+        writeln!(f, "peak: {} ({})", human_bytes(peak), fullest.name)?;
+        for term in &fullest.terms {
             writeln!(
                 f,
                 "  {:<20} {:>12}  {}",
