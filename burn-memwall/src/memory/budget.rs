@@ -115,10 +115,10 @@ pub enum Placement {
     /// size, on the pages otherwise: the fused optimizers' state (`optim::StatePlacement`,
     /// which reads the pools once, at the first state it makes).
     SlotsOnceTheArenaGrows,
-    /// Each in an exact-size page of the staging pool, which wgpu reads device memory back
-    /// through (mapped copies, one exclusive page each, kept for the next read): the copies a
-    /// tensor read back to host memory leaves (measured on lavapipe, 10 steps: 7.88 MB there
-    /// for `small`'s state in host memory, 0.21 MB for `tiny`'s, none on the main pools).
+    /// Each a page of its size in the staging pool, which wgpu reads device memory back
+    /// through and which keeps its pages for later reads ([`read_back_pages`]): the pages
+    /// reads back to host memory leave (measured on lavapipe, 10 steps: 7.88 MB there for
+    /// `small`'s state in host memory, 0.21 MB for `tiny`'s, none on the main pools).
     Staging,
     /// On the pages, moved by every update: an update that is not in place (Burn's fused
     /// element-wise update after backward) writes each new tensor into the buffer of one of its
@@ -517,12 +517,12 @@ impl ParameterCensus {
         self.trained.iter().sum()
     }
 
-    /// The copies that reading every trained parameter (or its gradient) back to the host goes
-    /// through, which wgpu's pools keep reserved for the next read of the same size: one of
-    /// each size of chunk, up to the 4 MiB a transfer moves at once.
+    /// The staging pages that reading every trained parameter (or its gradient) back to the
+    /// host, in chunks of at most the 4 MiB a transfer moves at once, leaves
+    /// ([`read_back_pages`]); read in the order backward completes them, the last first.
     pub fn read_back_copies(&self) -> Vec<Tensors> {
         let chunk = TRANSFER_CHUNK_BYTES as u64;
-        one_of_each_size(self.trained.iter().map(|&b| b.min(chunk)))
+        read_back_pages(self.trained.iter().rev().map(|&b| b.min(chunk)))
     }
 
     /// Bytes of the largest parameter that trains.
@@ -550,10 +550,30 @@ const ARENA_GROWTH_MARGIN: u64 = MIB;
 /// and staging 16 KB (docs/memory-model/cube-pools.md).
 const POOLS_OWN: u64 = 3 * MIB / 2;
 
-/// One tensor of each size among `sizes`, smallest first: the copies a read back to host
-/// memory keeps, one for each size it has read.
-fn one_of_each_size(sizes: impl Iterator<Item = u64>) -> Vec<Tensors> {
-    let mut sizes: Vec<u64> = sizes.collect();
+/// The staging pages that reading tensors of `sizes` back to host memory, one after another,
+/// leaves on pools: wgpu's staging pool keeps each page it opens, a read takes a kept page it
+/// fits in, and one larger than every kept page opens a page of its own size (lavapipe:
+/// `small`'s coded matrices, read back largest first, leave one page; smallest first, one per
+/// new largest size; cube-pools.md).
+pub fn read_back_pages(sizes: impl IntoIterator<Item = u64>) -> Vec<Tensors> {
+    let mut largest = 0;
+    sizes
+        .into_iter()
+        .filter(|&bytes| {
+            let opens = bytes > largest;
+            largest = largest.max(bytes);
+            opens
+        })
+        .map(|bytes| Tensors::new(1, bytes))
+        .collect()
+}
+
+/// The persistent pool's slots that tensors of `sizes`, made and dropped one after another
+/// while the persistent window is open, leave reserved and empty: a slot is taken again only
+/// by a tensor of its exact size, so one of each size (lavapipe: the f32 draws of `small`'s
+/// coded matrices leave four slots, one per shape).
+pub fn persistent_slots(sizes: impl IntoIterator<Item = u64>) -> Vec<Tensors> {
+    let mut sizes: Vec<u64> = sizes.into_iter().collect();
     sizes.sort_unstable();
     sizes.dedup();
     sizes
@@ -1024,15 +1044,15 @@ impl OptimizerPlan {
     }
 
     /// The copies an update in host memory reads back through, in wgpu's staging pool
-    /// ([`Placement::Staging`]), which keeps a mapped copy for the next read of its size: with
-    /// the state on the host, one of each size of state tensor; with the update on the host,
-    /// one of each size of gradient chunk ([`crate::optim::HostStepped`] moves 4 MiB at most
-    /// at once; the chunks it writes are freed at once and reused). None without an offload.
+    /// ([`Placement::Staging`], [`read_back_pages`]), the parameters in the order backward
+    /// completes them: with the state on the host, its state tensors'; with the update on the
+    /// host, its gradients' chunks ([`crate::optim::HostStepped`] moves 4 MiB at most at once;
+    /// the chunks it writes are freed at once and reused). None without an offload.
     pub fn read_back_copies(&self, census: &ParameterCensus) -> Term {
         let (what, copies) = match self.host_offload {
             None => ("none: no state leaves the device", Vec::new()),
             Some(HostOffload::Update) => (
-                "a read-back copy of each size of gradient chunk, up to 4 MiB",
+                "the copies gradient chunks (up to 4 MiB) are read back through",
                 census.read_back_copies(),
             ),
             Some(HostOffload::State) => {
@@ -1040,9 +1060,10 @@ impl OptimizerPlan {
                     host_offload: None,
                     ..*self
                 };
+                let state: Vec<u64> = on_device.state(census).each().collect();
                 (
-                    "a read-back copy of each size of state tensor",
-                    one_of_each_size(on_device.state(census).each()),
+                    "the copies the state tensors are read back through",
+                    read_back_pages(state.into_iter().rev()),
                 )
             }
         };
@@ -1263,7 +1284,8 @@ mod tests {
     }
 
     /// With the state in host memory the device holds the largest parameter's (300 B, two
-    /// moments) and one read-back copy of each size of state tensor (300 and 200 B).
+    /// moments) and the staging page its reads leave: read last first (300, 200, 300 B), the
+    /// first is the largest.
     #[test]
     fn state_in_host_memory_leaves_one_parameters_and_the_read_copies() {
         let census = census();
@@ -1272,18 +1294,18 @@ mod tests {
             ..plan(UpdateTiming::InBackward, true)
         };
         assert_eq!(on_host.state(&census).bytes(), 2 * 300);
-        assert_eq!(on_host.read_back_copies(&census).bytes(), 300 + 200);
+        assert_eq!(on_host.read_back_copies(&census).bytes(), 300);
         let masters = OptimizerPlan {
             half_precision: Some(HalfPrecisionUpdate::Masters),
             ..on_host
         };
-        // Three f32 tensors of 600 B for the largest; copies of the 600 and 400 B sizes.
+        // Three f32 tensors of 600 B for the largest; a staging page of 600 B.
         assert_eq!(masters.state(&census).bytes(), 3 * 600);
-        assert_eq!(masters.read_back_copies(&census).bytes(), 600 + 400);
+        assert_eq!(masters.read_back_copies(&census).bytes(), 600);
     }
 
     /// With the update on the host the device holds no state and no update's temporaries,
-    /// only a read-back copy of each size of gradient (300 and 200 B), half precision or not;
+    /// only the staging page the gradients' reads leave (300 B), half precision or not;
     /// the new weights are written into the old ones' buffers.
     #[test]
     fn the_update_on_the_host_leaves_the_gradients_read_copies() {
@@ -1295,7 +1317,7 @@ mod tests {
                 ..plan(UpdateTiming::InBackward, false)
             };
             assert_eq!(on_host.state(&census).bytes(), 0);
-            assert_eq!(on_host.read_back_copies(&census).bytes(), 300 + 200);
+            assert_eq!(on_host.read_back_copies(&census).bytes(), 300);
             assert_eq!(on_host.update_temporaries(&census).bytes(), 0);
             let replaced = on_host.replaced_parameters(&census, DeviceMemory::Pools);
             assert_eq!(replaced.bytes(), 0);
@@ -1531,6 +1553,28 @@ mod tests {
             ),
         ]);
         assert_eq!(gradient_from_workspace, (vec![1, 2], 2));
+    }
+
+    /// A read takes a kept staging page it fits in: `small`'s coded matrices read back table
+    /// first leave one page; the blocks' first, a page for each new largest size. Tensors made
+    /// and dropped in the persistent window leave one slot of each size.
+    #[test]
+    fn reads_and_draws_leave_pages_and_slots_by_size() {
+        let bytes =
+            |tensors: Vec<Tensors>| -> Vec<u64> { tensors.iter().map(|t| t.bytes).collect() };
+        let (table, mlp, attention, kv) = (6 * MIB, 3 * MIB / 2, MIB / 2, MIB / 4);
+        assert_eq!(
+            bytes(read_back_pages([table, attention, kv, mlp, attention])),
+            [table]
+        );
+        assert_eq!(
+            bytes(read_back_pages([attention, kv, kv, attention, mlp, table])),
+            [attention, mlp, table]
+        );
+        assert_eq!(
+            bytes(persistent_slots([attention, kv, kv, attention, mlp])),
+            [kv, attention, mlp]
+        );
     }
 
     /// A 3 MiB read-back copy on the arena would grow its pages to 4 MiB and take one; in
