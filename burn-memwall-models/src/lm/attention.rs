@@ -19,7 +19,7 @@ use super::{AttentionKind, BlockLinear, LmConfig, SaverKind};
 /// query heads. With [`AttentionKind::Burn`] the score matrix goes through
 /// `burn::tensor::module::attention`, which under autodiff materialises `[batch, heads, seq, seq]`
 /// (the baseline); [`AttentionKind::Flash`] never does, and keeps the values for backward as
-/// [`LmConfig::values_precision`] says.
+/// `LmConfig::values_precision` says.
 #[derive(Module, Debug)]
 pub struct CausalSelfAttention {
     query: BlockLinear,

@@ -106,7 +106,7 @@ pub struct LmConfig {
     /// `relu(u)`, `burn_memwall::ops::relu_squared::relu_squared_linear`), and flash
     /// attention its values (`burn_memwall::ops::flash_attention::flash_attention_saving_values`):
     /// in full, or in 8 or 4 bits rounded stochastically (under `Int4` the values and ReLU²'s
-    /// `relu(u)` keep 8: [`Self::values_precision`], [`Self::mlp_precision`]). Needs `savers =
+    /// `relu(u)` keep 8: `values_precision`, `mlp_precision`). Needs `savers =
     /// Exact`; quantised down projections and Burn's attention keep theirs in full.
     #[config(default = "SavedPrecision::Full")]
     pub saved_precision: SavedPrecision,
