@@ -36,7 +36,7 @@ use burn::tensor::DType;
 use burn_memwall::codes::counter::words_per_row;
 use burn_memwall::memory::budget::{
     Budget, DeviceMemory, OptimizerPlan, ParameterCensus, Phase, Placement, Pool, Tensors, Term,
-    UpdateTiming,
+    UpdateTiming, persistent_slots, read_back_pages,
 };
 use burn_memwall::nn::counter_loss_block_rows;
 use burn_memwall::ops::fused_linear_cross_entropy::FusedCrossEntropyOptions;
@@ -133,11 +133,10 @@ impl Coding {
     /// The coding of `config`, whose step's memory the budget models on `memory`.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for counter codes and ternary linears on pools, whose kernels'
-    /// buffers are not modelled, or in half precision or with LoRA; for half precision and
-    /// LoRA on pools (measured on Flex only); for low-bit saved activations but in f32 on Flex
-    /// without LoRA (measured there only); and for a coded head read by Burn's loss, which no
-    /// stack uses.
+    /// [`Error::InvalidConfig`] for half precision and LoRA on pools (measured on Flex only);
+    /// for counter codes, ternary linears and low-bit saved activations in half precision or
+    /// with LoRA (measured in f32 without LoRA only); and for a coded head read by Burn's
+    /// loss, which no stack uses.
     fn modelled(config: &LmConfig, shape: StepShape, memory: DeviceMemory) -> Result<Self, Error> {
         let coding = Self::of(config);
         let (half, lora) = (shape.float.size() == 2, shape.lora_rank.is_some());
@@ -154,19 +153,9 @@ impl Coding {
                     .into(),
             ));
         }
-        if (coding.blocks || coding.ternary) && memory != DeviceMemory::Heap {
+        if config.saved_precision != SavedPrecision::Full && (half || lora) {
             return Err(Error::InvalidConfig(
-                "the memory budget models counter and ternary linears on Flex only, not on \
-                 Cube devices' pools"
-                    .into(),
-            ));
-        }
-        if config.saved_precision != SavedPrecision::Full
-            && (half || lora || memory != DeviceMemory::Heap)
-        {
-            return Err(Error::InvalidConfig(
-                "the memory budget models low-bit saved activations in f32 on Flex without LoRA \
-                 only"
+                "the memory budget models low-bit saved activations in f32 without LoRA only"
                     .into(),
             ));
         }
@@ -186,15 +175,38 @@ impl Coding {
             .filter(move |weight| !self.blocks || matches!(weight, BlockWeight::Norm(_)))
     }
 
-    /// Coded matrices in the model.
-    fn matrices(self, config: &LmConfig) -> u64 {
-        let per_block = config
+    /// The coded matrices' shapes, `[d_out, d_in]`, in the order the model makes them: the
+    /// token table, each block's, an untied head.
+    fn matrices(self, config: &LmConfig) -> Vec<[usize; 2]> {
+        let table = [config.vocab_size, config.d_model];
+        let block = config
             .block_weights()
-            .iter()
-            .filter(|weight| matches!(weight, BlockWeight::Matrix { .. }))
-            .count() as u64;
-        let table = 1 + u64::from(!config.tie_embeddings);
-        u64::from(self.blocks) * per_block * config.n_layers as u64 + u64::from(self.table) * table
+            .into_iter()
+            .filter_map(|weight| match weight {
+                BlockWeight::Matrix { d_out, d_in } => Some([d_out, d_in]),
+                BlockWeight::Norm(_) => None,
+            });
+        let blocks: Vec<[usize; 2]> = block.collect();
+        let head = self.table && !config.tie_embeddings;
+        (self.table.then_some(table).into_iter())
+            .chain(
+                (0..config.n_layers)
+                    .filter(|_| self.blocks)
+                    .flat_map(|_| blocks.clone()),
+            )
+            .chain(head.then_some(table))
+            .collect()
+    }
+
+    /// Each coded matrix's tensors on the device: its words and its rows' scales and mean
+    /// squares (the step is a host int).
+    fn code_tensors(self, config: &LmConfig) -> impl Iterator<Item = Tensors> {
+        self.matrices(config).into_iter().flat_map(|[d_out, d_in]| {
+            [
+                Tensors::new(1, (4 * words_per_row(d_in) * d_out) as u64),
+                Tensors::new(2, 4 * d_out as u64),
+            ]
+        })
     }
 }
 
@@ -633,8 +645,8 @@ impl StepShape {
 /// tensors as `memory` does (`b`, a bool's bytes, in the formulas).
 ///
 /// # Errors
-/// [`Error::InvalidConfig`] for the linears whose memory is not modelled yet (ternary; counter
-/// codes on pools).
+/// [`Error::InvalidConfig`] for the configurations whose memory is not modelled (see
+/// `Coding::modelled`).
 pub fn saved_activations(
     config: &LmConfig,
     shape: StepShape,
@@ -952,8 +964,8 @@ fn weight_gradient_batches(batch: u64, seq: u64, d_out: u64) -> u64 {
 /// matmul's own packing buffers, the in-backward hand-over maps.
 ///
 /// # Errors
-/// [`Error::InvalidConfig`] for the linears whose memory is not modelled yet (ternary; counter
-/// codes on pools) and for optimizer state or waiting weights in host memory on Flex (refused
+/// [`Error::InvalidConfig`] for the configurations whose memory is not modelled (see
+/// `Coding::modelled`) and for optimizer state or waiting weights in host memory on Flex (refused
 /// there), and
 /// [`Error::SequenceTooLong`] for a sequence longer than the model's context.
 pub fn step_budget(
@@ -1134,18 +1146,34 @@ fn trained_step_budget(
         // The model's and the chain's.
         BlockKind::Reversible => 2,
     };
+    let codes: Vec<Tensors> = coding.code_tensors(config).collect();
+    let code_bytes: u64 = codes
+        .iter()
+        .map(|tensors| tensors.count * tensors.bytes)
+        .sum();
     let parameters = match optimizer.inactive_weights_on_host {
         false => Term::of(
             Pool::Parameters,
-            "parameters (and counter codes)",
+            "parameters",
             census
                 .trained
                 .iter()
                 .map(|&bytes| Tensors::new(1, bytes))
-                .chain([Tensors::new(1, census.untrained_bytes)]),
+                .chain([Tensors::new(1, census.untrained_bytes - code_bytes)]),
         )
         .placed(Placement::Slots),
         true => weights_on_the_device(config, shape, &census, &stepped)?,
+    };
+    // A coded matrix is drawn as a dense f32 weight while the persistent window is open, read
+    // back and encoded on the host, and its codes made after the window closes: the draws
+    // leave their slots, the reads their staging pages, and the codes lie on the pages.
+    let draws = coding
+        .matrices(config)
+        .into_iter()
+        .map(|[d_out, d_in]| (4 * d_out * d_in) as u64);
+    let (draw_slots, draw_copies) = match memory {
+        DeviceMemory::Heap => (Vec::new(), Vec::new()),
+        DeviceMemory::Pools => (persistent_slots(draws.clone()), read_back_pages(draws)),
     };
     let state_of = match optimizer.one_block_at_a_time {
         Some(InactiveState::Kept) => &census,
@@ -1155,17 +1183,39 @@ fn trained_step_budget(
         parameters,
         Term::of(
             Pool::Backend,
-            "copies the waiting blocks' weights are read back through, one of each size of chunk",
+            "the copies the waiting blocks' weights are read back through",
             match optimizer.inactive_weights_on_host {
                 true => census.read_back_copies(),
                 false => Vec::new(),
             },
         )
         .placed(Placement::Staging),
+        Term::of(
+            Pool::Parameters,
+            "counter codes: each matrix's words, its rows' scales and mean squares",
+            codes,
+        ),
+        Term::of(
+            Pool::Backend,
+            "the coded matrices' f32 draws: an empty persistent slot of each size",
+            draw_slots,
+        )
+        .placed(Placement::Slots),
+        Term::of(
+            Pool::Backend,
+            "the copies the draws are read back through to be encoded",
+            draw_copies,
+        )
+        .placed(Placement::Staging),
         Term::new(
             Pool::Backend,
-            format!("counter codes' shared state: {CODED_MATRIX_BYTES} B per coded matrix"),
-            coding.matrices(config) * CODED_MATRIX_BYTES,
+            format!(
+                "counter codes' shared state in host memory: {CODED_MATRIX_BYTES} B per coded \
+                 matrix"
+            ),
+            u64::from(memory == DeviceMemory::Heap)
+                * coding.matrices(config).len() as u64
+                * CODED_MATRIX_BYTES,
         ),
         optimizer.replaced_parameters(&stepped, memory),
         Term::of(

@@ -75,9 +75,10 @@ pub struct Candidate {
 pub struct Plan {
     /// In the order of [`every_stack`].
     pub candidates: Vec<Candidate>,
-    /// Stacks the budget does not model on this device (counter and ternary linears on pools;
-    /// low-bit saved activations but in f32 on Flex) or that are refused there (the state in
-    /// host memory on Flex), or whose step time is not measured, by name.
+    /// Stacks the budget does not model for this step (half precision and LoRA on pools;
+    /// counter and ternary linears and low-bit saved activations in half precision or with
+    /// LoRA) or that are refused there (the state in host memory on Flex), or whose step time
+    /// is not measured, by name.
     pub not_modelled: Vec<&'static str>,
 }
 
