@@ -197,23 +197,24 @@ impl Coding {
             .chain(head.then_some(table))
             .collect()
     }
-
-    /// Each coded matrix's tensors on the device: its words and its rows' scales and mean
-    /// squares (the step is a host int).
-    fn code_tensors(self, config: &LmConfig) -> impl Iterator<Item = Tensors> {
-        self.matrices(config).into_iter().flat_map(|[d_out, d_in]| {
-            [
-                Tensors::new(1, (4 * words_per_row(d_in) * d_out) as u64),
-                Tensors::new(2, 4 * d_out as u64),
-            ]
-        })
-    }
 }
 
-/// Bytes of a `[d_out, d_in]` counter code: its words, each row's scale and mean squared
-/// gradient (f32), and its step (an int).
+/// A `[d_out, d_in]` counter code's tensors on the device: its words, and each row's scale
+/// and mean squared gradient (f32).
+fn code_tensors(d_out: usize, d_in: usize) -> [Tensors; 2] {
+    [
+        Tensors::new(1, (4 * words_per_row(d_in) * d_out) as u64),
+        Tensors::new(2, 4 * d_out as u64),
+    ]
+}
+
+/// Bytes of a `[d_out, d_in]` counter code: its tensors, and its step (an int, on the host).
 fn coded_bytes(d_out: usize, d_in: usize) -> u64 {
-    (4 * words_per_row(d_in) * d_out + 8 * d_out + 4) as u64
+    code_tensors(d_out, d_in)
+        .iter()
+        .map(|tensors| tensors.total_bytes())
+        .sum::<u64>()
+        + 4
 }
 
 /// The sizes the formulas read, as `u64` element counts, and the bytes of the step's tensors.
@@ -1146,11 +1147,12 @@ fn trained_step_budget(
         // The model's and the chain's.
         BlockKind::Reversible => 2,
     };
-    let codes: Vec<Tensors> = coding.code_tensors(config).collect();
-    let code_bytes: u64 = codes
+    let matrices = coding.matrices(config);
+    let codes: Vec<Tensors> = matrices
         .iter()
-        .map(|tensors| tensors.count * tensors.bytes)
-        .sum();
+        .flat_map(|&[d_out, d_in]| code_tensors(d_out, d_in))
+        .collect();
+    let code_bytes: u64 = codes.iter().map(|tensors| tensors.total_bytes()).sum();
     let parameters = match optimizer.inactive_weights_on_host {
         false => Term::of(
             Pool::Parameters,
@@ -1167,10 +1169,9 @@ fn trained_step_budget(
     // A coded matrix is drawn as a dense f32 weight while the persistent window is open, read
     // back and encoded on the host, and its codes made after the window closes: the draws
     // leave their slots, the reads their staging pages, and the codes lie on the pages.
-    let draws = coding
-        .matrices(config)
-        .into_iter()
-        .map(|[d_out, d_in]| (4 * d_out * d_in) as u64);
+    let draws = matrices
+        .iter()
+        .map(|&[d_out, d_in]| (4 * d_out * d_in) as u64);
     let (draw_slots, draw_copies) = match memory {
         DeviceMemory::Heap => (Vec::new(), Vec::new()),
         DeviceMemory::Pools => (persistent_slots(draws.clone()), read_back_pages(draws)),
@@ -1213,9 +1214,7 @@ fn trained_step_budget(
                 "counter codes' shared state in host memory: {CODED_MATRIX_BYTES} B per coded \
                  matrix"
             ),
-            u64::from(memory == DeviceMemory::Heap)
-                * coding.matrices(config).len() as u64
-                * CODED_MATRIX_BYTES,
+            u64::from(memory == DeviceMemory::Heap) * matrices.len() as u64 * CODED_MATRIX_BYTES,
         ),
         optimizer.replaced_parameters(&stepped, memory),
         Term::of(
@@ -1266,7 +1265,7 @@ fn trained_step_budget(
     };
     // The larger of two sets of tensors.
     let larger = |a: Vec<Tensors>, b: Vec<Tensors>| {
-        let bytes = |set: &[Tensors]| set.iter().map(|t| t.count * t.bytes).sum::<u64>();
+        let bytes = |set: &[Tensors]| set.iter().map(|t| t.total_bytes()).sum::<u64>();
         match bytes(&a) >= bytes(&b) {
             true => a,
             false => b,

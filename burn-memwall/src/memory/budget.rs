@@ -96,6 +96,11 @@ impl Tensors {
         Self { count, bytes }
     }
 
+    /// Bytes of all of them.
+    pub fn total_bytes(self) -> u64 {
+        self.count * self.bytes
+    }
+
     /// Every tensor, `count` times its size.
     fn each(self) -> impl Iterator<Item = u64> {
         (0..self.count).map(move |_| self.bytes)
@@ -170,7 +175,7 @@ impl Term {
 
     /// Bytes of all its tensors.
     pub fn bytes(&self) -> u64 {
-        self.tensors.iter().map(|t| t.count * t.bytes).sum()
+        self.tensors.iter().map(|t| t.total_bytes()).sum()
     }
 
     /// Each tensor's bytes, in the order they are made.
