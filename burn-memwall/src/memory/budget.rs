@@ -70,11 +70,15 @@ impl Pool {
     /// The pools of the last phase whose tensor a tensor of this pool may be, when it is of
     /// the same size, and then lies where that one was ([`Budget::peak`] on pools): saved
     /// activations live on until their block's backward, gradients until the update, and a
-    /// weight's gradient is the buffer its op made it in, among the op's workspace.
+    /// weight's gradient is the buffer its op made it in, among the op's workspace. The op's
+    /// buffer comes first: a gradient with two shares (a tied table's) is their sum, which Burn
+    /// writes into the newer share's buffer (`Gradients::register` adds the old share to the
+    /// new one, in place), so the older one, kept among the gradients, is freed (lavapipe:
+    /// `counter` on `small`, the table's gradient lies where its embedding share was made).
     fn continues(self) -> &'static [Pool] {
         match self {
             Self::SavedActivations => &[Self::SavedActivations],
-            Self::Gradients => &[Self::Gradients, Self::Workspace],
+            Self::Gradients => &[Self::Workspace, Self::Gradients],
             _ => &[],
         }
     }
