@@ -106,8 +106,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             "CubeCL's pools after the first steps, checked on lavapipe: within 6% on tiny and \
              on small, except one block at a time on tiny (8% under), the state in host memory \
              on small (7% under to 8% over) and Burn's optimizers (after backward up to 9% \
-             over, 10% with 8-bit saves on tiny; in backward up to 7% under); a run can read \
-             a page more or less than another with the same seed"
+             over; in backward up to 7% under); a run can read a page more or less than \
+             another with the same seed"
         );
     }
     if let Some(name) = &args.stack {

@@ -552,8 +552,11 @@ mod cube_pools {
     /// gradient among the gradients that backward made in turn (×0.893 in some runs with each
     /// phase placed afresh, ×0.946 with the step played in order), and `memwall` with every
     /// matrix a counter code on `small`, whose f32 draws leave a persistent slot of each shape
-    /// and the table's read-back a staging page (×0.59 without them, ×0.95 with).
-    const POOL_CASES: [(&str, &str, usize); 15] = [
+    /// and the table's read-back a staging page (×0.59 without them, ×0.95 with), and 8-bit
+    /// saves on `tiny` at seq 256, whose codes and row scales are two tensors, the scales in a
+    /// smaller pool (×1.103 with each activation's codes and scales one tensor, two 2 MiB
+    /// pages more; ×1.050 as two).
+    const POOL_CASES: [(&str, &str, usize); 16] = [
         ("tiny", "baseline", 64),
         ("tiny", "in-backward-sgd", 64),
         ("tiny", "memwall-sgd", 64),
@@ -563,6 +566,7 @@ mod cube_pools {
         ("tiny", "flash+fused", 256),
         ("tiny", "reversible", 256),
         ("tiny", "flash+fused+savers", 256),
+        ("tiny", "flash+fused+savers-int8", 256),
         ("small", "in-backward-sgd", 64),
         ("small", "memwall-sgd", 64),
         ("small", "memwall-offload", 64),

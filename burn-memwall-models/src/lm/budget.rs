@@ -208,6 +208,16 @@ fn code_tensors(d_out: usize, d_in: usize) -> [Tensors; 2] {
     ]
 }
 
+/// `count` activations `[rows, width]` kept in `precision`'s low-bit codes: two tensors
+/// each, the codes and the row scales (`SavedPrecision::code_and_scale_bytes`).
+fn coded(count: u64, precision: SavedPrecision, rows: u64, width: u64) -> Vec<Tensors> {
+    precision
+        .code_and_scale_bytes(rows as usize, width as usize)
+        .expect("codes of a low-bit precision")
+        .map(|bytes| Tensors::new(count, bytes as u64))
+        .to_vec()
+}
+
 /// Bytes of a `[d_out, d_in]` counter code: its tensors, and its step (an int, on the host).
 fn coded_bytes(d_out: usize, d_in: usize) -> u64 {
     code_tensors(d_out, d_in)
@@ -322,7 +332,7 @@ impl Dims {
     /// saving ops: SwiGLU `gate·x`, `up·x` and the product (not the product where the down
     /// projection recomputes it), ReLU² the square; in low bits, the node's codes of SwiGLU's
     /// two inputs or of ReLU²'s `relu(u)`.
-    fn mlp_saved(&self, mlp: MlpKind) -> Tensors {
+    fn mlp_saved(&self, mlp: MlpKind) -> Vec<Tensors> {
         if self.mlp_codes {
             let count = match mlp {
                 MlpKind::SwiGlu => 2,
@@ -336,7 +346,7 @@ impl Dims {
             (SaverKind::Exact, MlpKind::SwiGlu) => 3 - u64::from(self.recomputes_product),
             (SaverKind::Exact, MlpKind::ReluSquared) => 1,
         };
-        self.tf(count)
+        vec![self.tf(count)]
     }
 
     /// The graph ops' worth of bookkeeping a norm registers fewer with the saving op: one
@@ -434,13 +444,10 @@ impl Dims {
         self.floats(count, self.tokens * self.d_kv)
     }
 
-    /// `count` activations `[rows, width]` in the low-bit codes of `saved_precision`.
-    fn codes(&self, count: u64, rows: u64, width: u64) -> Tensors {
-        let bytes = self
-            .precision
-            .coded_bytes(rows as usize, width as usize)
-            .expect("codes of a low-bit precision");
-        Tensors::new(count, bytes as u64)
+    /// `count` activations `[rows, width]` in the low-bit codes of `saved_precision`: the
+    /// codes and the row scales of each.
+    fn codes(&self, count: u64, rows: u64, width: u64) -> Vec<Tensors> {
+        coded(count, self.precision, rows, width)
     }
 
     /// What flash attention keeps of k and v: both in full, or v in codes (rows of `d_head`).
@@ -449,9 +456,10 @@ impl Dims {
             SavedPrecision::Full => vec![self.td_kv(2)],
             precision => {
                 let d_head = self.d / self.heads;
-                let rows = (self.tokens * self.d_kv / d_head) as usize;
-                let codes = precision.coded_bytes(rows, d_head as usize);
-                vec![self.td_kv(1), Tensors::new(1, codes.unwrap() as u64)]
+                let rows = self.tokens * self.d_kv / d_head;
+                let mut kept = vec![self.td_kv(1)];
+                kept.extend(coded(1, precision, rows, d_head));
+                kept
             }
         }
     }
@@ -528,11 +536,9 @@ fn standard_layer(
     let after_attention = projection_input
         .into_iter()
         .chain(norm.clone())
-        .chain([
-            dims.td(1),
-            dims.mlp_saved(config.mlp),
-            dims.adapter_products(1 + mlp_matrices),
-        ])
+        .chain([dims.td(1)])
+        .chain(dims.mlp_saved(config.mlp))
+        .chain([dims.adapter_products(1 + mlp_matrices)])
         .collect();
     match config.attention {
         AttentionKind::Burn => LayerSaved {
@@ -1549,8 +1555,8 @@ fn trained_step_budget(
                          gradient, c [T, d_ff]); the down projection's or a saving activation's \
                          backward"
                     ),
-                    [dims.td(7), dims.mlp_saved(config.mlp)]
-                        .into_iter()
+                    std::iter::once(dims.td(7))
+                        .chain(dims.mlp_saved(config.mlp))
                         .chain(mlp_backward.iter().copied())
                         .chain(rebuilt_norm.iter().copied())
                         .collect(),

@@ -41,11 +41,13 @@ impl SavedPrecision {
         }
     }
 
-    /// The bytes an activation `[rows, width]` takes in codes (its `u32` words and one f32
-    /// scale per row); `None` in full, where it keeps its float type's.
-    pub fn coded_bytes(self, rows: usize, width: usize) -> Option<usize> {
+    /// The bytes of the two tensors an activation `[rows, width]` is kept in as codes: its
+    /// `u32` words `[rows, words]` and its f32 scales `[rows, 1]`; `None` in full, where it
+    /// keeps one tensor of its float type. Two allocations, not one: on Cube devices' pools
+    /// each takes its own slot, and the scales a smaller pool's.
+    pub fn code_and_scale_bytes(self, rows: usize, width: usize) -> Option<[usize; 2]> {
         self.bits()
-            .map(|bits| rows * (4 * words_per_row(width, bits) + 4))
+            .map(|bits| [rows * 4 * words_per_row(width, bits), rows * 4])
     }
 }
 
@@ -151,12 +153,40 @@ pub(crate) trait SavedRowsBackend: Backend {
     ) -> FloatTensor<Self>;
 }
 
-#[cfg(all(test, feature = "wgpu"))]
+#[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The memory budget counts an activation in codes as the two tensors `SavedRows` makes,
+    /// each of the bytes `code_and_scale_bytes` gives: on Cube devices' pools each takes its
+    /// own slot, so one tensor of their sum would be placed where neither lies.
+    #[test]
+    fn codes_take_the_two_tensors_the_budget_counts() {
+        let (rows, width) = (6, 45);
+        let x = Tensor::<2>::from_data(
+            TensorData::new(vec![0.5f32; rows * width], [rows, width]),
+            &Device::flex(),
+        );
+        for precision in [SavedPrecision::Int8, SavedPrecision::Int4] {
+            let SavedRows::Quantized(codes) = SavedRows::new(x.clone(), precision) else {
+                panic!("{precision:?} keeps codes");
+            };
+            let bytes = |dims: [usize; 2], dtype: DType| dims[0] * dims[1] * dtype.size();
+            assert_eq!(
+                [
+                    bytes(codes.words.dims(), codes.words.dtype()),
+                    bytes(codes.scales.dims(), codes.scales.dtype()),
+                ],
+                precision.code_and_scale_bytes(rows, width).unwrap(),
+                "{precision:?}"
+            );
+        }
+        assert_eq!(SavedPrecision::Full.code_and_scale_bytes(rows, width), None);
+    }
+
     /// A Cube device packs the words Flex packs, bit for bit, and restores the same values from
     /// them, so that a run draws the same roundings on every backend; padded rows included.
+    #[cfg(feature = "wgpu")]
     #[test]
     fn cube_devices_pack_and_restore_as_flex_does() {
         let (rows, width) = (5, 45);
