@@ -24,6 +24,8 @@ use burn_memwall_models::lm::{LmConfig, LoraConfig, human_count};
 use burn_memwall_models::training::{Plan, Precision, every_stack, find_stack};
 use clap::{Parser, ValueEnum};
 
+#[path = "cli/pipe.rs"]
+mod pipe;
 #[path = "cli/weights.rs"]
 mod weights;
 use weights::WeightArgs;
@@ -79,6 +81,7 @@ struct Args {
 }
 
 fn main() {
+    pipe::end_quietly_when_the_reader_leaves();
     if let Err(error) = run(Args::parse()) {
         eprintln!("error: {error}");
         std::process::exit(1);

@@ -26,6 +26,9 @@ use burn_memwall_models::pretrained::Pretrained;
 use clap::Parser;
 use serde::Serialize;
 
+#[path = "cli/pipe.rs"]
+mod pipe;
+
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
@@ -77,6 +80,7 @@ struct GenerationReport {
 }
 
 fn main() {
+    pipe::end_quietly_when_the_reader_leaves();
     if let Err(error) = run(Args::parse()) {
         eprintln!("error: {error}");
         std::process::exit(1);

@@ -27,6 +27,8 @@ use burn_memwall_models::training::{
 };
 use clap::Parser;
 
+#[path = "cli/pipe.rs"]
+mod pipe;
 #[path = "cli/weights.rs"]
 mod weights;
 use serde::{Deserialize, Serialize};
@@ -137,6 +139,7 @@ struct Row {
 }
 
 fn main() {
+    pipe::end_quietly_when_the_reader_leaves();
     let args = Args::parse();
     let result = match &args.worker {
         Some(stack) => run_stack(&args, stack).map(|row| {

@@ -32,6 +32,8 @@ use burn_memwall_models::training::{
 };
 use clap::{Parser, ValueEnum};
 
+#[path = "cli/pipe.rs"]
+mod pipe;
 #[path = "cli/weights.rs"]
 mod weights;
 use weights::WeightArgs;
@@ -266,6 +268,7 @@ struct Args {
 }
 
 fn main() {
+    pipe::end_quietly_when_the_reader_leaves();
     if let Err(error) = run(Args::parse()) {
         eprintln!("error: {error}");
         std::process::exit(1);
