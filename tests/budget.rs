@@ -554,8 +554,8 @@ mod cube_pools {
     /// matrix a counter code on `small`, whose f32 draws leave a persistent slot of each shape
     /// and the table's read-back a staging page (×0.59 without them, ×0.95 with), and 8-bit
     /// saves on `tiny` at seq 256, whose codes and row scales are two tensors, the scales in a
-    /// smaller pool (×1.103 with each activation's codes and scales one tensor, two 2 MiB
-    /// pages more; ×1.050 as two).
+    /// smaller pool (×1.103 with each activation's codes and scales one tensor, a 2 MiB page
+    /// more; ×1.050 as two).
     const POOL_CASES: [(&str, &str, usize); 16] = [
         ("tiny", "baseline", 64),
         ("tiny", "in-backward-sgd", 64),
