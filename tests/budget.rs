@@ -555,8 +555,10 @@ mod cube_pools {
     /// and the table's read-back a staging page (×0.59 without them, ×0.95 with), and 8-bit
     /// saves on `tiny` at seq 256, whose codes and row scales are two tensors, the scales in a
     /// smaller pool (×1.103 with each activation's codes and scales one tensor, a 2 MiB page
-    /// more; ×1.050 as two).
-    const POOL_CASES: [(&str, &str, usize); 16] = [
+    /// more; ×1.050 as two). Every other memgate stack is read once, on `tiny` at seq 64, its
+    /// cheapest row (about 5 s each here); the 104 rows of every stack on `tiny` and `small` at
+    /// seq 64 and 256 are in docs/BENCHMARKS.md (about 45 minutes at these rows' times).
+    const POOL_CASES: [(&str, &str, usize); 31] = [
         ("tiny", "baseline", 64),
         ("tiny", "in-backward-sgd", 64),
         ("tiny", "memwall-sgd", 64),
@@ -573,6 +575,21 @@ mod cube_pools {
         ("small", "memwall-host-update", 64),
         ("small", "flash+fused", 64),
         ("small", "memwall-counter", 64),
+        ("tiny", "all-fused", 64),
+        ("tiny", "counter", 64),
+        ("tiny", "counter+all-fused", 64),
+        ("tiny", "flash+fused+in-backward", 64),
+        ("tiny", "flash+fused+savers-int4", 64),
+        ("tiny", "flash-attention", 64),
+        ("tiny", "fused-loss", 64),
+        ("tiny", "in-backward", 64),
+        ("tiny", "in-backward-fused-adamw", 64),
+        ("tiny", "in-backward-fused-sgd", 64),
+        ("tiny", "memwall", 64),
+        ("tiny", "memwall-adam4", 64),
+        ("tiny", "memwall-adam8", 64),
+        ("tiny", "reversible+flash+fused", 64),
+        ("tiny", "ternary", 64),
     ];
 
     /// On wgpu (lavapipe), CubeCL's pools reserve what the budget predicts for them: the
@@ -584,6 +601,13 @@ mod cube_pools {
     fn the_step_peak_is_predicted_on_cube_pools() {
         // Only the children open the adapter, whose runtime's threads would move this process's heap
         // readings; and reading the children's output allocates here too, so the Flex tests wait.
+        for stack in every_stack() {
+            assert!(
+                POOL_CASES.iter().any(|&(_, name, _)| name == stack.name),
+                "`{}` has no row on the pools",
+                stack.name
+            );
+        }
         let _turn = common::take_turn();
         let mut comparison = Comparison::new(POOLS_TOLERANCE);
         for (model, stack, seq) in POOL_CASES {
