@@ -599,8 +599,6 @@ mod cube_pools {
     /// moves rows past the tolerance.
     #[test]
     fn the_step_peak_is_predicted_on_cube_pools() {
-        // Only the children open the adapter, whose runtime's threads would move this process's heap
-        // readings; and reading the children's output allocates here too, so the Flex tests wait.
         for stack in every_stack() {
             assert!(
                 POOL_CASES.iter().any(|&(_, name, _)| name == stack.name),
@@ -608,6 +606,8 @@ mod cube_pools {
                 stack.name
             );
         }
+        // Only the children open the adapter, whose runtime's threads would move this process's heap
+        // readings; and reading the children's output allocates here too, so the Flex tests wait.
         let _turn = common::take_turn();
         let mut comparison = Comparison::new(POOLS_TOLERANCE);
         for (model, stack, seq) in POOL_CASES {

@@ -338,7 +338,7 @@ impl Dims {
                 MlpKind::SwiGlu => 2,
                 MlpKind::ReluSquared => 1,
             };
-            return self.codes(count, self.tokens, self.d_ff);
+            return coded(count, self.precision, self.tokens, self.d_ff);
         }
         let count = match (self.savers, mlp) {
             (SaverKind::Burn, MlpKind::SwiGlu) => 5,
@@ -442,12 +442,6 @@ impl Dims {
     /// `count` `[T, d_kv]` tensors.
     fn td_kv(&self, count: u64) -> Tensors {
         self.floats(count, self.tokens * self.d_kv)
-    }
-
-    /// `count` activations `[rows, width]` in the low-bit codes of `saved_precision`: the
-    /// codes and the row scales of each.
-    fn codes(&self, count: u64, rows: u64, width: u64) -> Vec<Tensors> {
-        coded(count, self.precision, rows, width)
     }
 
     /// What flash attention keeps of k and v: both in full, or v in codes (rows of `d_head`).
