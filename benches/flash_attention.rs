@@ -63,6 +63,12 @@ struct Row {
     dropout: f64,
     peak_bytes: u64,
     median_s: f64,
+    /// Useful TFLOP/s: causal attention's `3.5 · 4·s²·d·heads / 2` (forward, and a backward of
+    /// 2.5 forwards) over the median time, as FlashAttention counts, the same for both paths.
+    tflops: f64,
+    /// What the flash kernels ask of this device at this shape (`flash` rows of builds with a
+    /// Cube runtime; on Flex, of a desktop GPU's limits).
+    launch_plan: Option<serde_json::Value>,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -185,5 +191,46 @@ fn measure(args: &Args, path: &str, seq: usize) -> Result<Row, Box<dyn std::erro
         dropout: args.dropout,
         peak_bytes: measured.peak_bytes,
         median_s: measured.median_s,
+        tflops: 3.5 * 2.0 * (seq * seq * args.d * args.heads) as f64 / measured.median_s / 1e12,
+        launch_plan: (path == "flash")
+            .then(|| launch_plan(shape, args.mask, &device))
+            .flatten(),
     })
+}
+
+/// The flash kernels' launch plans at these shapes on `device`, as JSON.
+#[cfg(feature = "cube")]
+fn launch_plan(shape: [usize; 4], masked: bool, device: &Device) -> Option<serde_json::Value> {
+    use burn::tensor::DType;
+    use burn_memwall::ops::flash_attention::{AttentionShapes, LaunchPlan, launch_plans};
+    let shapes = AttentionShapes {
+        q: shape,
+        k: shape,
+        v: shape,
+    };
+    let plans = launch_plans(&shapes, masked, DType::F32, device).ok()?;
+    let kernel = |plan: LaunchPlan| {
+        serde_json::json!({
+            "live_f32_per_unit": plan.live_f32_per_unit,
+            "units_per_cube": plan.units_per_cube,
+            "shared_bytes": plan.shared_bytes,
+            "cubes": plan.cubes,
+            "fma_per_global_load": plan.fma_per_global_load,
+            "global_bytes_per_flop": plan.global_bytes_per_flop,
+        })
+    };
+    Some(serde_json::json!({
+        "limits": match plans.on_device {
+            true => "device",
+            false => "desktop GPU (48 KiB shared, 1024 units)",
+        },
+        "forward": kernel(plans.forward),
+        "query_grad": kernel(plans.query_grad),
+        "key_grad": kernel(plans.key_grad),
+    }))
+}
+
+#[cfg(not(feature = "cube"))]
+fn launch_plan(_: [usize; 4], _: bool, _: &Device) -> Option<serde_json::Value> {
+    None
 }

@@ -3,12 +3,13 @@
 
 mod common;
 
+use burn::backend::Dispatch;
 use burn::nn::attention::generate_autoregressive_mask;
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution, FloatDType};
 use burn_memwall::ops::flash_attention::{
-    self, AttentionDropout, AttentionShapes, FlashAttentionError, FlashAttentionOptions,
-    flash_attention, is_causal_mask, try_flash_attention,
+    self, AttentionDropout, AttentionShapes, FlashAttentionBackend, FlashAttentionError,
+    FlashAttentionOptions, flash_attention, is_causal_mask, try_flash_attention,
 };
 
 #[derive(Clone, Debug)]
@@ -499,5 +500,61 @@ fn a_dropout_of_zero_changes_nothing() {
             run(Some(AttentionDropout { prob: 0.0, seed: 3 })),
             "{device:?}"
         );
+    }
+}
+
+/// Without a mask the kernels read none: a mask that hides every key, handed to the backend
+/// with `masked` false, changes nothing in the output, the log-sum-exp or the gradients (a
+/// kernel that read it would output zeros).
+#[test]
+fn no_mask_is_read_where_none_was_given() {
+    common::seed_from_clock(&Device::flex());
+    let options = FlashAttentionOptions {
+        causal: true,
+        ..Default::default()
+    };
+    for device in common::devices() {
+        let shape = [2, 2, 70, 32];
+        let [q, k, v, d_out] = [0; 4].map(|_| random(shape, &device));
+        let mask = |hidden: bool| {
+            Tensor::<3, Bool>::from_data(TensorData::new(vec![hidden; 70], [1, 1, 70]), &device)
+                .into_dispatch()
+        };
+        let run = |hidden: bool| {
+            let (out, lse) = Dispatch::flash_attention_forward(
+                q.clone().into_dispatch(),
+                k.clone().into_dispatch(),
+                v.clone().into_dispatch(),
+                mask(hidden),
+                false,
+                options,
+            );
+            let (out, lse) = (
+                Tensor::<4>::from_dispatch(out),
+                Tensor::<4>::from_dispatch(lse),
+            );
+            let (dq, dk, dv) = Dispatch::flash_attention_backward(
+                q.clone().into_dispatch(),
+                k.clone().into_dispatch(),
+                v.clone().into_dispatch(),
+                mask(hidden),
+                false,
+                out.clone().into_dispatch(),
+                lse.clone().into_dispatch(),
+                d_out.clone().into_dispatch(),
+                options,
+            );
+            [out, lse]
+                .into_iter()
+                .chain([dq, dk, dv].map(Tensor::<4>::from_dispatch))
+                .map(Tensor::into_data)
+                .collect::<Vec<_>>()
+        };
+        let unmasked = run(false);
+        assert!(
+            unmasked[0].iter::<f32>().any(|x| x != 0.0),
+            "{device:?}: the output is not all zeros"
+        );
+        assert_eq!(run(true), unmasked, "{device:?}");
     }
 }

@@ -15,6 +15,7 @@ type Saved<B> = (
     FloatTensor<B>,
     FloatTensor<B>,
     BoolTensor<B>,
+    bool,
     FloatTensor<B>,
     FloatTensor<B>,
     FlashAttentionOptions,
@@ -29,8 +30,9 @@ impl<B: FlashAttentionBackend> Backward<B, 3> for FlashAttentionBackward {
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [node_q, node_k, node_v] = ops.parents;
         let d_out = grads.consume::<B>(&ops.node);
-        let (q, k, v, mask, out, lse, options) = ops.state;
-        let (dq, dk, dv) = B::flash_attention_backward(q, k, v, mask, out, lse, d_out, options);
+        let (q, k, v, mask, masked, out, lse, options) = ops.state;
+        let (dq, dk, dv) =
+            B::flash_attention_backward(q, k, v, mask, masked, out, lse, d_out, options);
         for (node, grad) in [(node_q, dq), (node_k, dk), (node_v, dv)] {
             if let Some(node) = node {
                 grads.register::<B>(node.id, grad);
@@ -45,6 +47,7 @@ impl<B: FlashAttentionBackend, C: CheckpointStrategy> FlashAttentionBackend for 
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         mask: BoolTensor<Self>,
+        masked: bool,
         options: FlashAttentionOptions,
     ) -> FloatTensor<Self> {
         match FlashAttentionBackward
@@ -59,15 +62,17 @@ impl<B: FlashAttentionBackend, C: CheckpointStrategy> FlashAttentionBackend for 
                     k.clone(),
                     v.clone(),
                     mask.clone(),
+                    masked,
                     options,
                 );
-                prep.finish((q, k, v, mask, out.clone(), lse, options), out)
+                prep.finish((q, k, v, mask, masked, out.clone(), lse, options), out)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::flash_attention(
                 q.into_primitive(),
                 k.into_primitive(),
                 v.into_primitive(),
                 mask,
+                masked,
                 options,
             )),
         }
@@ -79,6 +84,7 @@ impl<B: FlashAttentionBackend, C: CheckpointStrategy> FlashAttentionBackend for 
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         mask: BoolTensor<Self>,
+        masked: bool,
         options: FlashAttentionOptions,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let (out, lse) = B::flash_attention_forward(
@@ -86,6 +92,7 @@ impl<B: FlashAttentionBackend, C: CheckpointStrategy> FlashAttentionBackend for 
             k.into_primitive(),
             v.into_primitive(),
             mask,
+            masked,
             options,
         );
         (Self::from_inner(out), Self::from_inner(lse))
@@ -97,6 +104,7 @@ impl<B: FlashAttentionBackend, C: CheckpointStrategy> FlashAttentionBackend for 
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         mask: BoolTensor<Self>,
+        masked: bool,
         out: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         d_out: FloatTensor<Self>,
@@ -107,6 +115,7 @@ impl<B: FlashAttentionBackend, C: CheckpointStrategy> FlashAttentionBackend for 
             k.into_primitive(),
             v.into_primitive(),
             mask,
+            masked,
             out.into_primitive(),
             lse.into_primitive(),
             d_out.into_primitive(),

@@ -10,32 +10,22 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::ops::permute;
 use burn_cubecl::{CubeBackend, tensor::CubeTensor};
 use burn_memwall_codes::dropout::DropoutDraw;
+use burn_memwall_kernels::flash_attention::plan::{self, LAVAPIPE_LOOP_LIMIT, Pass, Problem};
+use burn_memwall_kernels::flash_attention::tiles::Tiling;
 use burn_memwall_kernels::flash_attention::{
     AttentionArgsLaunch, flash_attention_forward_kernel, flash_attention_key_grad_kernel,
     flash_attention_query_grad_kernel,
 };
 
-use super::{FlashAttentionBackend, FlashAttentionOptions};
-
-/// Mesa's software Vulkan (lavapipe, `llvmpipe` adapters) silently ends a loop nest after this
-/// many iterations; each kernel loops once per key or per query of a row.
-const LAVAPIPE_LOOP_LIMIT: usize = 65535;
+use super::launch_plan::{limits, problem};
+use super::{AttentionShapes, FlashAttentionBackend, FlashAttentionOptions};
 
 /// What the kernels of one attention share, from the options and the shapes.
 struct Launch {
-    scale: f32,
-    softcap: f32,
-    offset: i32,
-    window: u32,
-    d: usize,
-    d_v: usize,
-    /// Rows per unit of the query kernels and of the key kernel.
-    query_rows: usize,
-    key_rows: usize,
-    causal: bool,
-    softcapped: bool,
-    quiet: bool,
-    dropout: Option<(DropoutDraw, f32)>,
+    problem: Problem,
+    limits: plan::Limits,
+    on_lavapipe: bool,
+    options: FlashAttentionOptions,
 }
 
 impl Launch {
@@ -43,87 +33,71 @@ impl Launch {
         q: &CubeTensor,
         k: &CubeTensor,
         v: &CubeTensor,
+        masked: bool,
         options: &FlashAttentionOptions,
     ) -> Self {
-        let on_lavapipe = q.client.properties().identity.name.contains("llvmpipe");
-        let (q, k, v) = (q.shape(), k.shape(), v.shape());
-        assert!(
-            !on_lavapipe || q[2].max(k[2]) <= LAVAPIPE_LOOP_LIMIT,
-            "flash attention: lavapipe cannot run sequences above {LAVAPIPE_LOOP_LIMIT} \
-             (s_q {}, s_k {}): it ends longer loops early without an error",
-            q[2],
-            k[2]
-        );
-        let d = q[3];
-        let offset = i32::try_from(k[2] as i64 - q[2] as i64)
-            .expect("flash attention: sequence lengths beyond i32 are not supported");
+        let properties = q.client.properties();
+        let shapes = AttentionShapes {
+            q: q.shape().dims(),
+            k: k.shape().dims(),
+            v: v.shape().dims(),
+        };
         Self {
-            scale: options.scale.unwrap_or(1.0 / (d as f64).sqrt()) as f32,
-            softcap: options.softcap.unwrap_or(0.0) as f32,
-            offset,
-            window: options
-                .window
-                .map_or(0, |w| u32::try_from(w).unwrap_or(u32::MAX)),
-            d,
-            d_v: v[3],
-            query_rows: rows_per_unit(d.max(v[3]), 256),
-            key_rows: rows_per_unit(d.max(v[3]), 128),
-            causal: options.causal || options.window.is_some(),
-            softcapped: options.softcap.is_some(),
-            quiet: options.quiet_softmax,
-            dropout: options
-                .dropout
-                .map(|dropout| (dropout.draw(), dropout.scale())),
+            problem: problem(&shapes, masked, q.dtype.size()),
+            limits: limits(&properties.hardware),
+            on_lavapipe: properties.identity.name.contains("llvmpipe"),
+            options: *options,
         }
     }
 
-    /// The kernels' arguments, for units owning `rows` rows each.
-    fn args(&self, rows: usize) -> AttentionArgsLaunch {
-        let (draw, dropout_scale) = self.dropout.unwrap_or((DropoutDraw::new(0.0, 0), 1.0));
+    /// The kernels' scalars.
+    fn args(&self) -> AttentionArgsLaunch {
+        let (options, problem) = (&self.options, &self.problem);
+        let offset = i32::try_from(problem.s_k as i64 - problem.s_q as i64)
+            .expect("flash attention: sequence lengths beyond i32 are not supported");
+        let (draw, dropout_scale) = options
+            .dropout
+            .map_or((DropoutDraw::new(0.0, 0), 1.0), |dropout| {
+                (dropout.draw(), dropout.scale())
+            });
         AttentionArgsLaunch::new(
-            self.scale,
-            self.softcap,
-            self.offset,
-            self.window,
+            options.scale.unwrap_or(1.0 / (problem.d as f64).sqrt()) as f32,
+            options.softcap.unwrap_or(0.0) as f32,
+            offset,
+            options
+                .window
+                .map_or(0, |w| u32::try_from(w).unwrap_or(u32::MAX)),
             draw.seed,
             draw.threshold,
             dropout_scale,
-            self.d,
-            self.d_v,
-            rows,
-            self.causal,
-            self.softcapped,
-            self.quiet,
-            self.dropout.is_some(),
+            problem.d,
+            problem.d_v,
+            options.causal || options.window.is_some(),
+            problem.masked,
+            options.softcap.is_some(),
+            options.quiet_softmax,
+            options.dropout.is_some(),
         )
     }
-}
 
-/// Units per cube: one plane (warp) on most GPUs, within the runtime's limits.
-const UNITS_PER_CUBE: u32 = 32;
-
-/// Rows each unit owns: every element a unit loads then serves that many rows, for
-/// `rows · width` registers per accumulator. The query kernels keep two accumulators of
-/// `rows · d`, the key kernel four.
-fn rows_per_unit(width: usize, register_budget: usize) -> usize {
-    (register_budget / width).clamp(1, 4)
-}
-
-/// A cube per tile of `units · rows` rows of a `len`-row sequence, for each of `pairs`
-/// (batch, head) pairs.
-fn grid(t: &CubeTensor, len: usize, pairs: usize, rows: usize) -> (CubeCount, CubeDim) {
-    let hardware = &t.client.properties().hardware;
-    let units = UNITS_PER_CUBE
-        .min(hardware.max_cube_dim.0)
-        .min(hardware.max_units_per_cube);
-    let tiles = len.div_ceil(units as usize * rows) as u32;
-    let pairs = u32::try_from(pairs)
-        .ok()
-        .filter(|&p| p <= hardware.max_cube_count.1)
-        .unwrap_or_else(|| {
-            panic!("flash attention: {pairs} (batch, head) pairs exceed this device's grid")
-        });
-    (CubeCount::Static(tiles, pairs, 1), CubeDim::new_1d(units))
+    /// The tiling and grid of `pass`.
+    fn grid(&self, pass: Pass) -> (Tiling, CubeCount, CubeDim) {
+        let launch = plan::launch(pass, &self.problem, &self.limits)
+            .unwrap_or_else(|error| panic!("flash attention: {error}"));
+        assert!(
+            !self.on_lavapipe || launch.plan.loop_iterations <= LAVAPIPE_LOOP_LIMIT,
+            "flash attention: lavapipe ends loops after {LAVAPIPE_LOOP_LIMIT} iterations without \
+             an error, and {pass:?} of {:?} needs up to {}",
+            self.problem,
+            launch.plan.loop_iterations
+        );
+        let (x, y) = launch.cube_count;
+        (
+            launch.tiling,
+            CubeCount::Static(x, y, 1),
+            CubeDim::new_1d(launch.tiling.units() as u32),
+        )
+    }
 }
 
 fn empty_like(t: &CubeTensor, shape: Shape, dtype: DType) -> CubeTensor {
@@ -136,19 +110,24 @@ impl FlashAttentionBackend for CubeBackend {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         mask: BoolTensor<Self>,
+        masked: bool,
         options: FlashAttentionOptions,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let (q, k, v, mask) = (untile(q), untile(k), untile(v), untile(mask));
-        let launch = Launch::new(&q, &k, &v, &options);
+        let launch = Launch::new(&q, &k, &v, masked, &options);
         let [batch, heads, s_q, _] = q.shape().dims();
         let mask_dtype = dtype_to_storage_type(mask.dtype);
         // In query layout, `[batch, s_q, heads, d_v]` in memory: see `FlashAttentionBackend`.
         let out = permute(
-            empty_like(&q, Shape::new([batch, s_q, heads, launch.d_v]), q.dtype),
+            empty_like(
+                &q,
+                Shape::new([batch, s_q, heads, launch.problem.d_v]),
+                q.dtype,
+            ),
             &[0, 2, 1, 3],
         );
         let lse = empty_like(&q, Shape::new([batch, heads, s_q, 1]), DType::F32);
-        let (cube_count, cube_dim) = grid(&q, s_q, batch * heads, launch.query_rows);
+        let (tiling, cube_count, cube_dim) = launch.grid(Pass::Forward);
         flash_attention_forward_kernel::launch(
             &q.client.clone(),
             cube_count,
@@ -159,7 +138,8 @@ impl FlashAttentionBackend for CubeBackend {
             mask.into_tensor_arg(),
             out.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
-            launch.args(launch.query_rows),
+            launch.args(),
+            tiling,
             dtype_to_storage_type(q.dtype),
             mask_dtype,
         );
@@ -171,6 +151,7 @@ impl FlashAttentionBackend for CubeBackend {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         mask: BoolTensor<Self>,
+        masked: bool,
         out: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         d_out: FloatTensor<Self>,
@@ -178,9 +159,8 @@ impl FlashAttentionBackend for CubeBackend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let (q, k, v, mask) = (untile(q), untile(k), untile(v), untile(mask));
         let (out, lse, d_out) = (untile(out), untile(lse), untile(d_out));
-        let launch = Launch::new(&q, &k, &v, &options);
+        let launch = Launch::new(&q, &k, &v, masked, &options);
         let [batch, heads, s_q, _] = q.shape().dims();
-        let [_, kv_heads, s_k, _] = k.shape().dims();
         let (dtype, mask_dtype) = (
             dtype_to_storage_type(q.dtype),
             dtype_to_storage_type(mask.dtype),
@@ -189,7 +169,7 @@ impl FlashAttentionBackend for CubeBackend {
 
         let delta = empty_like(&q, Shape::new([batch, heads, s_q, 1]), DType::F32);
         let dq = empty_like(&q, q.shape(), q.dtype);
-        let (cube_count, cube_dim) = grid(&q, s_q, batch * heads, launch.query_rows);
+        let (tiling, cube_count, cube_dim) = launch.grid(Pass::QueryGrad);
         flash_attention_query_grad_kernel::launch(
             &client,
             cube_count,
@@ -203,14 +183,15 @@ impl FlashAttentionBackend for CubeBackend {
             lse.clone().into_tensor_arg(),
             delta.clone().into_tensor_arg(),
             dq.clone().into_tensor_arg(),
-            launch.args(launch.query_rows),
+            launch.args(),
+            tiling,
             dtype,
             mask_dtype,
         );
 
         let dk = empty_like(&k, k.shape(), k.dtype);
         let dv = empty_like(&v, v.shape(), v.dtype);
-        let (cube_count, cube_dim) = grid(&k, s_k, batch * kv_heads, launch.key_rows);
+        let (tiling, cube_count, cube_dim) = launch.grid(Pass::KeyGrad);
         flash_attention_key_grad_kernel::launch(
             &client,
             cube_count,
@@ -224,8 +205,8 @@ impl FlashAttentionBackend for CubeBackend {
             delta.into_tensor_arg(),
             dk.clone().into_tensor_arg(),
             dv.clone().into_tensor_arg(),
-            launch.args(launch.key_rows),
-            heads / kv_heads,
+            launch.args(),
+            tiling,
             dtype,
             mask_dtype,
         );
@@ -240,6 +221,7 @@ pub(super) fn forward_spec(
     _k: &TensorSpec,
     v: &TensorSpec,
     _mask: &TensorSpec,
+    _masked: &bool,
     _options: &FlashAttentionOptions,
 ) -> (TensorSpec, TensorSpec) {
     let [batch, heads, s_q, _] = q.shape.dims();
@@ -256,6 +238,7 @@ pub(super) fn backward_spec(
     k: &TensorSpec,
     v: &TensorSpec,
     _mask: &TensorSpec,
+    _masked: &bool,
     _out: &TensorSpec,
     _lse: &TensorSpec,
     _d_out: &TensorSpec,

@@ -14,10 +14,12 @@ impl FlashAttentionBackend for Flex {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         mask: BoolTensor<Self>,
+        masked: bool,
         options: FlashAttentionOptions,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let dtype = q.dtype();
-        let (out, lse) = tiled::forward(float(q), float(k), float(v), Some(bool(mask)), options)
+        let mask = masked.then(|| bool(mask));
+        let (out, lse) = tiled::forward(float(q), float(k), float(v), mask, options)
             .unwrap_or_else(|error| panic!("{error}"));
         // Cast where the output is contiguous, so that it keeps its query layout.
         let out = Self::float_swap_dims(primitive(out.swap_dims(1, 2), dtype), 1, 2);
@@ -29,6 +31,7 @@ impl FlashAttentionBackend for Flex {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         mask: BoolTensor<Self>,
+        masked: bool,
         out: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         d_out: FloatTensor<Self>,
@@ -39,7 +42,7 @@ impl FlashAttentionBackend for Flex {
             float(q),
             float(k),
             float(v),
-            Some(bool(mask)),
+            masked.then(|| bool(mask)),
             float(out),
             float(lse),
             float(d_out),

@@ -11,6 +11,7 @@
 //!   backend;
 //! - `flex.rs`: the Flex path, `tiled.rs` on Flex's tensors;
 //! - `cube.rs`: the CubeCL kernels of `burn-memwall-kernels` (every Cube runtime);
+//! - `launch_plan.rs`: what those kernels ask of a device at given shapes ([`launch_plans`]);
 //! - `autodiff.rs`: the handwritten backward wired into Burn's autodiff;
 //! - `saved_values.rs`: the same backward keeping `v` in 8 or 4 bits.
 
@@ -18,9 +19,13 @@ mod autodiff;
 #[cfg(feature = "cube")]
 mod cube;
 mod flex;
+#[cfg(feature = "cube")]
+mod launch_plan;
 mod saved_values;
 mod tiled;
 
+#[cfg(feature = "cube")]
+pub use launch_plan::{FlashLaunchPlans, LaunchPlan, Limits, PlanError, launch_plans};
 pub use saved_values::flash_attention_saving_values;
 
 use burn::backend::tensor::{BoolTensor, FloatTensor};
@@ -234,25 +239,27 @@ pub fn try_flash_attention(
     mask: Option<Tensor<3, Bool>>,
     options: FlashAttentionOptions,
 ) -> Result<Tensor<4>, FlashAttentionError> {
-    let (mask, options) = prepared(&q, &k, &v, mask, options)?;
+    let (mask, masked, options) = prepared(&q, &k, &v, mask, options)?;
     Ok(Tensor::from_dispatch(Dispatch::flash_attention(
         q.into_dispatch(),
         k.into_dispatch(),
         v.into_dispatch(),
         mask.into_dispatch(),
+        masked,
         options,
     )))
 }
 
-/// The checked call's mask and options as [`FlashAttentionBackend`] takes them: the mask always
-/// given (`[1, 1, s_k]`, all false, for none), a dropout of 0 as none.
+/// The checked call's mask, whether one was given, and options as [`FlashAttentionBackend`]
+/// takes them: the mask always a tensor (`[1, 1, s_k]`, all false and never read, for none), a
+/// dropout of 0 as none.
 fn prepared(
     q: &Tensor<4>,
     k: &Tensor<4>,
     v: &Tensor<4>,
     mask: Option<Tensor<3, Bool>>,
     options: FlashAttentionOptions,
-) -> Result<(Tensor<3, Bool>, FlashAttentionOptions), FlashAttentionError> {
+) -> Result<(Tensor<3, Bool>, bool, FlashAttentionOptions), FlashAttentionError> {
     check_shapes(q, k, v, mask.as_ref(), &options)?;
     // A dropout of 0 is no dropout, exactly and at no cost.
     let options = FlashAttentionOptions {
@@ -260,10 +267,11 @@ fn prepared(
         ..options
     };
     let s_k = k.dims()[2];
+    let masked = mask.is_some();
     let mask = mask.unwrap_or_else(|| {
         Tensor::from_data(TensorData::new(vec![false; s_k], [1, 1, s_k]), &q.device())
     });
-    Ok((mask, options))
+    Ok((mask, masked, options))
 }
 
 /// The backend extension behind [`flash_attention`]: a forward that also returns the log-sum-exp
@@ -272,16 +280,18 @@ fn prepared(
 /// Autodiff wires them together (`autodiff.rs`).
 #[backend_extension(Flex, Cube: cfg(feature = "cube"), Autodiff, Fusion: cfg(feature = "cube"))]
 pub trait FlashAttentionBackend: Backend {
-    /// See [`flash_attention`]; `mask` is always given (`[1, 1, s_k]`, all false, for none).
+    /// See [`flash_attention`]. `mask` is always a tensor, read only when `masked` (a call
+    /// without a mask passes an all-false `[1, 1, s_k]`, so that no kernel reads it).
     #[fusion(default)]
     fn flash_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         mask: BoolTensor<Self>,
+        masked: bool,
         options: FlashAttentionOptions,
     ) -> FloatTensor<Self> {
-        Self::flash_attention_forward(q, k, v, mask, options).0
+        Self::flash_attention_forward(q, k, v, mask, masked, options).0
     }
 
     /// The output, in query layout (see [`flash_attention`]'s shapes), and the log-sum-exp that
@@ -293,6 +303,7 @@ pub trait FlashAttentionBackend: Backend {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         mask: BoolTensor<Self>,
+        masked: bool,
         options: FlashAttentionOptions,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
@@ -304,6 +315,7 @@ pub trait FlashAttentionBackend: Backend {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         mask: BoolTensor<Self>,
+        masked: bool,
         out: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         d_out: FloatTensor<Self>,

@@ -36,7 +36,7 @@ pub fn flash_attention_saving_values(
     if values == SavedPrecision::Full || !(q.is_autodiff() && tracked.contains(&true)) {
         return flash_attention(q, k, v, mask, options);
     }
-    let (mask, options) =
+    let (mask, masked, options) =
         prepared(&q, &k, &v, mask, options).unwrap_or_else(|error| panic!("{error}"));
     let (inner_q, inner_k, inner_v) = (q.clone().inner(), k.clone().inner(), v.clone().inner());
     let mask = mask.inner();
@@ -45,6 +45,7 @@ pub fn flash_attention_saving_values(
         inner_k.clone().into_dispatch(),
         inner_v.clone().into_dispatch(),
         mask.clone().into_dispatch(),
+        masked,
         options,
     );
     let out = Tensor::<4>::from_dispatch(out);
@@ -68,6 +69,7 @@ pub fn flash_attention_saving_values(
         v: SavedRows::new(inner_v.reshape([rows, d_v]), values),
         value_dims,
         mask,
+        masked,
         out: out.clone(),
         lse: Tensor::from_dispatch(lse),
         options,
@@ -95,6 +97,7 @@ struct SavedValuesBackward {
     v: SavedRows,
     value_dims: [usize; 4],
     mask: Tensor<3, Bool>,
+    masked: bool,
     out: Tensor<4>,
     lse: Tensor<4>,
     options: FlashAttentionOptions,
@@ -114,6 +117,7 @@ impl HandwrittenBackward for SavedValuesBackward {
             v,
             value_dims,
             mask,
+            masked,
             out,
             lse,
             options,
@@ -125,6 +129,7 @@ impl HandwrittenBackward for SavedValuesBackward {
             k.into_dispatch(),
             v.restore().reshape(value_dims).into_dispatch(),
             mask.into_dispatch(),
+            masked,
             out.into_dispatch(),
             lse.into_dispatch(),
             output_gradient,
