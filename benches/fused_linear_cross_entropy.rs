@@ -5,7 +5,7 @@
 //! ```text
 //! cargo bench --bench fused_linear_cross_entropy -- [--device flex|wgpu] [--vocabs 32000,50257,128256]
 //!     [--tokens 1024,4096,8192] [--d 512] [--paths fused,recompute,burn,counter,counter-logits] [--chunk TOKENS]
-//!     [--repeats 3] [--json out.json]
+//!     [--vocab-slices N] [--repeats 3] [--json out.json]
 //! ```
 //!
 //! Paths: `fused` (gradients during the forward pass, the default), `recompute` (gradients
@@ -49,6 +49,9 @@ struct Args {
     /// Tokens per chunk of the fused paths (default: the op's own choice).
     #[arg(long)]
     chunk: Option<usize>,
+    /// Slices of the vocabulary in the hidden gradient's product (default: the op's choice).
+    #[arg(long)]
+    vocab_slices: Option<usize>,
 }
 
 #[derive(Serialize, Deserialize, Debug)]
@@ -60,6 +63,8 @@ struct Row {
     d: usize,
     peak_bytes: u64,
     median_s: f64,
+    /// The fused paths' chunks and the output tiles of their products.
+    launch_plan: Option<serde_json::Value>,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -182,11 +187,7 @@ fn measure(
                 weight.clone(),
                 None,
                 targets.clone(),
-                FusedCrossEntropyOptions {
-                    gradients,
-                    chunk_size: args.chunk,
-                    ..Default::default()
-                },
+                options(args, gradients),
             ),
             None => CrossEntropyLossConfig::new().init(&autodiff).forward(
                 hidden.clone().matmul(weight.clone().transpose()),
@@ -217,5 +218,27 @@ fn row(
         d: args.d,
         peak_bytes: measured.peak_bytes,
         median_s: measured.median_s,
+        launch_plan: ["fused", "recompute"].contains(&path).then(|| {
+            let plan = options(args, GradientPass::DuringForward).chunk_plan(tokens, vocab, args.d);
+            serde_json::json!({
+                "chunk_tokens": plan.chunk_tokens,
+                "chunks": plan.chunks,
+                "vocab_slices": plan.vocab_slices,
+                "logits_tiles": plan.logits_tiles,
+                "hidden_grad_tiles": plan.hidden_grad_tiles,
+                "weight_grad_tiles": plan.weight_grad_tiles,
+                "weight_grad_adds": plan.weight_grad_adds,
+            })
+        }),
+    }
+}
+
+/// The fused paths' options: the gradient pass, and the chunk and slices asked for.
+fn options(args: &Args, gradients: GradientPass) -> FusedCrossEntropyOptions {
+    FusedCrossEntropyOptions {
+        gradients,
+        chunk_size: args.chunk,
+        vocab_slices: args.vocab_slices,
+        ..Default::default()
     }
 }

@@ -244,6 +244,10 @@ fn cases() -> Vec<Case> {
     let mut biased = Case::new(29, 1029, 16).chunk(6);
     biased.bias = true;
     cases.push(biased.clone());
+    // The hidden gradient's product split over slices of the vocabulary (split-K).
+    let mut sliced = biased.clone();
+    sliced.options.vocab_slices = Some(7);
+    cases.push(sliced);
     let mut recompute = biased;
     recompute.options.gradients = GradientPass::Recompute;
     cases.push(recompute);
@@ -253,6 +257,9 @@ fn cases() -> Vec<Case> {
     ignored.ignore_every = Some(4);
     ignored.options.label_smoothing = 0.1;
     cases.push(ignored.clone());
+    let mut sliced = ignored.clone();
+    sliced.options.vocab_slices = Some(8);
+    cases.push(sliced);
     for reduction in [Reduction::Sum, Reduction::None] {
         let mut case = ignored.clone();
         case.options.reduction = reduction;
@@ -491,6 +498,20 @@ fn bad_inputs_are_named() {
             },
             "chunk_size",
         ),
+        (
+            FusedCrossEntropyOptions {
+                vocab_slices: Some(0),
+                ..options
+            },
+            "vocab_slices 0 must be at least 1",
+        ),
+        (
+            FusedCrossEntropyOptions {
+                vocab_slices: Some(3),
+                ..options
+            },
+            "vocab_slices 3 must be a divisor of the vocabulary",
+        ),
     ] {
         let message = error(
             hidden.clone(),
@@ -535,4 +556,79 @@ fn the_loss_config_is_checked_at_init() {
     FusedLinearCrossEntropyLossConfig::new()
         .with_label_smoothing(1.5)
         .init();
+}
+
+/// Splitting the hidden gradient's product over slices of the vocabulary changes only the order
+/// of its sum: the loss and every gradient agree with the unsplit product's to f32 rounding, by
+/// default choice and when asked, with and without ignored tokens.
+#[test]
+fn vocab_slices_change_only_the_order_of_the_sum() {
+    common::seed_from_clock(&Device::flex());
+    let default = FusedCrossEntropyOptions::default();
+    assert_eq!(
+        default.vocab_slices(32000, 256),
+        5,
+        "the most divisors ≤ 32000 / 4096"
+    );
+    assert_eq!(default.vocab_slices(128256, 256), 24);
+    assert_eq!(
+        default.vocab_slices(50257, 256),
+        1,
+        "29 · 1733: no divisor ≤ 12"
+    );
+    assert_eq!(
+        default.vocab_slices(8192, 4096),
+        2,
+        "partials within a weight share"
+    );
+    assert_eq!(default.vocab_slices(8192, 8192), 1);
+    for device in common::devices() {
+        let autodiff = device.clone().autodiff();
+        let (tokens, vocab, d) = (40, 8192, 16);
+        let hidden = random([tokens, d], 1.0, &autodiff);
+        let weight = random([vocab, d], 0.3, &autodiff);
+        for ignore_index in [None, Some(5)] {
+            let targets: Vec<i64> = (0..tokens).map(|i| ((i * 7919) % 17) as i64).collect();
+            let targets =
+                Tensor::<1, Int>::from_data(TensorData::new(targets, [tokens]), &autodiff);
+            let run = |vocab_slices| {
+                let (hidden, weight) =
+                    (hidden.clone().require_grad(), weight.clone().require_grad());
+                let options = FusedCrossEntropyOptions {
+                    ignore_index,
+                    chunk_size: Some(16),
+                    vocab_slices,
+                    ..Default::default()
+                };
+                let loss = fused_linear_cross_entropy(
+                    hidden.clone(),
+                    weight.clone(),
+                    None,
+                    targets.clone(),
+                    options,
+                );
+                let grads = loss.backward();
+                [
+                    loss.inner().into_data(),
+                    hidden.grad(&grads).unwrap().into_data(),
+                    weight.grad(&grads).unwrap().into_data(),
+                ]
+            };
+            let unsplit = run(Some(1));
+            for slices in [None, Some(2), Some(64)] {
+                for (name, (split, whole)) in ["loss", "d_hidden", "d_weight"]
+                    .iter()
+                    .zip(run(slices).into_iter().zip(unsplit.clone()))
+                {
+                    common::assert_close(
+                        name,
+                        &(slices, ignore_index, &device),
+                        1e-5,
+                        split,
+                        whole,
+                    );
+                }
+            }
+        }
+    }
 }

@@ -53,6 +53,7 @@ impl FusedLinearCrossEntropyLossConfig {
             z_loss: self.z_loss,
             softcap: self.softcap,
             chunk_size: self.chunk_size,
+            vocab_slices: None,
             gradients: self.gradients,
         };
         let row_loss = options.row_loss().unwrap_or_else(|error| panic!("{error}"));

@@ -39,9 +39,44 @@ pub(super) struct Wanted {
 
 /// One chunk of kept tokens: their rows of `hidden`, those rows, their targets.
 struct Chunk<B: FusedLinearCrossEntropyBackend> {
-    rows: IntTensor<B>,
+    rows: ChunkRows<B>,
     hidden: FloatTensor<B>,
     targets: IntTensor<B>,
+}
+
+/// Where a chunk's tokens lie in `hidden`: a range of rows when no token is ignored (read and
+/// written as slices), else the kept rows' indices (read with `select`, written with
+/// `select_assign`).
+enum ChunkRows<B: FusedLinearCrossEntropyBackend> {
+    Range(Range<usize>),
+    Kept(IntTensor<B>),
+}
+
+impl<B: FusedLinearCrossEntropyBackend> Clone for ChunkRows<B> {
+    fn clone(&self) -> Self {
+        match self {
+            Self::Range(range) => Self::Range(range.clone()),
+            Self::Kept(rows) => Self::Kept(rows.clone()),
+        }
+    }
+}
+
+impl<B: FusedLinearCrossEntropyBackend> ChunkRows<B> {
+    /// The chunk's rows of `t` `[tokens, ..]`.
+    fn of(&self, t: FloatTensor<B>) -> FloatTensor<B> {
+        match self {
+            Self::Range(range) => B::float_slice(t, &[Slice::from(range.clone())]),
+            Self::Kept(rows) => B::float_select(t, 0, rows.clone()),
+        }
+    }
+
+    /// `t` with its chunk rows, zero until now, set to `share` (no two chunks share a row).
+    fn write_to(self, t: FloatTensor<B>, share: FloatTensor<B>) -> FloatTensor<B> {
+        match self {
+            Self::Range(range) => B::float_slice_assign(t, &[Slice::from(range)], share),
+            Self::Kept(rows) => B::float_select_assign(t, 0, rows, share, IndexingUpdateOp::Add),
+        }
+    }
 }
 
 fn chunks(plan: &LossPlan) -> impl Iterator<Item = Range<usize>> {
@@ -55,11 +90,15 @@ fn chunks(plan: &LossPlan) -> impl Iterator<Item = Range<usize>> {
 /// row gradient can overwrite the logits once nothing else holds them.
 fn chunk<B: FusedLinearCrossEntropyBackend>(
     x: &Inputs<B>,
+    plan: &LossPlan,
     range: Range<usize>,
 ) -> (Chunk<B>, FloatTensor<B>) {
+    let rows: ChunkRows<B> = match plan.kept == plan.tokens {
+        true => ChunkRows::Range(range.clone()),
+        false => ChunkRows::Kept(B::int_slice(x.rows.clone(), &[Slice::from(range.clone())])),
+    };
     let range = [Slice::from(range)];
-    let rows = B::int_slice(x.rows.clone(), &range);
-    let hidden = B::float_select(x.hidden.clone(), 0, rows.clone());
+    let hidden = rows.of(x.hidden.clone());
     let mut logits = B::float_matmul(hidden.clone(), B::float_transpose(x.weight.clone()));
     if let Some(bias) = &x.bias {
         let vocab = bias.shape()[0];
@@ -94,11 +133,9 @@ impl<B: FusedLinearCrossEntropyBackend> LossSum<B> {
         }
     }
 
-    fn add(&mut self, rows: IntTensor<B>, losses: FloatTensor<B>) {
+    fn add(&mut self, rows: ChunkRows<B>, losses: FloatTensor<B>) {
         self.total = match self.reduction {
-            Reduction::None => {
-                B::float_select_assign(self.total.clone(), 0, rows, losses, IndexingUpdateOp::Add)
-            }
+            Reduction::None => rows.write_to(self.total.clone(), losses),
             Reduction::Mean | Reduction::Sum => {
                 B::float_add(self.total.clone(), B::float_sum(losses))
             }
@@ -144,14 +181,8 @@ impl<B: FusedLinearCrossEntropyBackend> Gradients<B> {
         let grad =
             B::cross_entropy_rows_backward(logits, chunk.targets, lse, d_rows, plan.row_loss);
         if let Some(hidden) = self.hidden.take() {
-            let share = B::float_matmul(grad.clone(), x.weight.clone());
-            self.hidden = Some(B::float_select_assign(
-                hidden,
-                0,
-                chunk.rows,
-                share,
-                IndexingUpdateOp::Add,
-            ));
+            let share = sliced_product::<B>(grad.clone(), x.weight.clone(), plan.vocab_slices);
+            self.hidden = Some(chunk.rows.write_to(hidden, share));
         }
         if wanted.bias && x.bias.is_some() {
             let vocab = grad.shape()[1];
@@ -192,6 +223,29 @@ impl<B: FusedLinearCrossEntropyBackend> Gradients<B> {
     }
 }
 
+/// `grad [chunk, vocab] · weight [vocab, d]` as `slices` products over equal slices of the
+/// vocabulary, one batched matmul of `[slices, chunk, vocab / slices]` by
+/// `[slices, vocab / slices, d]` (both views, nothing copied), summed over the slices.
+fn sliced_product<B: FusedLinearCrossEntropyBackend>(
+    grad: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    slices: usize,
+) -> FloatTensor<B> {
+    if slices == 1 {
+        return B::float_matmul(grad, weight);
+    }
+    let ([chunk, vocab], d) = (grad.shape().dims(), weight.shape()[1]);
+    let part = vocab / slices;
+    let grad = B::float_swap_dims(
+        B::float_reshape(grad, Shape::new([chunk, slices, part])),
+        0,
+        1,
+    );
+    let weight = B::float_reshape(weight, Shape::new([slices, part, d]));
+    let partials = B::float_matmul(grad, weight);
+    B::float_reshape(B::float_sum_dim(partials, 0), Shape::new([chunk, d]))
+}
+
 fn zeros_like<B: FusedLinearCrossEntropyBackend>(t: &FloatTensor<B>) -> FloatTensor<B> {
     B::float_zeros(t.shape(), &t.device(), t.dtype().into())
 }
@@ -214,7 +268,7 @@ pub(super) fn loss<B: FusedLinearCrossEntropyBackend>(
     let mut loss = LossSum::new(x, plan);
     let mut lse = Vec::new();
     for range in chunks(plan) {
-        let (chunk, logits) = chunk(x, range);
+        let (chunk, logits) = chunk(x, plan, range);
         let (losses, chunk_lse) =
             B::cross_entropy_rows_forward(logits, chunk.targets, plan.row_loss);
         loss.add(chunk.rows, losses);
@@ -234,7 +288,7 @@ pub(super) fn loss_and_gradients<B: FusedLinearCrossEntropyBackend>(
     let mut grads = Gradients::new(x, wanted);
     for range in chunks(plan) {
         let len = range.len();
-        let (chunk, logits) = chunk(x, range);
+        let (chunk, logits) = chunk(x, plan, range);
         let (losses, lse) =
             B::cross_entropy_rows_forward(logits.clone(), chunk.targets.clone(), plan.row_loss);
         loss.add(chunk.rows.clone(), losses);
@@ -262,9 +316,9 @@ pub(super) fn gradients<B: FusedLinearCrossEntropyBackend>(
     let mut grads = Gradients::new(x, wanted);
     for (range, lse) in chunks(plan).zip(lse) {
         let len = range.len();
-        let (chunk, logits) = chunk(x, range);
+        let (chunk, logits) = chunk(x, plan, range);
         let d_rows = match plan.reduction {
-            Reduction::None => B::float_select(d_loss.clone(), 0, chunk.rows.clone()),
+            Reduction::None => chunk.rows.of(d_loss.clone()),
             Reduction::Mean | Reduction::Sum => B::float_mul_scalar(
                 B::float_mul(
                     B::float_ones(Shape::new([len]), &x.hidden.device(), FloatDType::F32),

@@ -49,6 +49,17 @@ pub const MAX_CHUNK_LOGITS: usize = 1 << 25;
 /// The most tokens in one chunk: one cube per token row, within every runtime's grid.
 const MAX_CHUNK_TOKENS: usize = 65535;
 
+/// The fewest tokens in a default chunk, whatever the vocabulary: fewer would leave the
+/// chunk's matmuls too few output tiles to fill a GPU, and repeat the pass over `vocab × d`
+/// that each chunk's weight-gradient share costs too often.
+pub const MIN_CHUNK_TOKENS: usize = 128;
+
+/// The vocabulary a slice of the hidden gradient's product covers at least, by default: the
+/// product `∂loss/∂logits [chunk, vocab] · weight [vocab, d]` has only `chunk × d` outputs and
+/// a reduction over the whole vocabulary, which a GPU runs on too few cubes unless the
+/// vocabulary is split into slices whose products run side by side (split-K) and are summed.
+pub const VOCAB_PER_SLICE: usize = 4096;
+
 /// What the loss is and how it is computed. The defaults are plain mean cross-entropy.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
 pub struct FusedCrossEntropyOptions {
@@ -63,8 +74,12 @@ pub struct FusedCrossEntropyOptions {
     /// Logit soft-capping `c · tanh(z / c)` (Gemma 2), applied before the softmax.
     pub softcap: Option<f64>,
     /// Tokens per chunk; `None` picks [`DEFAULT_CHUNK_TOKENS`], fewer when `chunk × vocab` would
-    /// pass [`MAX_CHUNK_LOGITS`].
+    /// pass [`MAX_CHUNK_LOGITS`], but not fewer than [`MIN_CHUNK_TOKENS`].
     pub chunk_size: Option<usize>,
+    /// Slices of the vocabulary the hidden gradient's product is split into (split-K), each a
+    /// batch of one batched matmul, their products summed; it must divide the vocabulary.
+    /// `None` picks [`FusedCrossEntropyOptions::vocab_slices`]'s default.
+    pub vocab_slices: Option<usize>,
     /// When the gradients of a reduced loss are computed.
     pub gradients: GradientPass,
 }
@@ -74,8 +89,72 @@ impl FusedCrossEntropyOptions {
     /// for, or the default.
     pub fn chunk_tokens(&self, vocab: usize) -> usize {
         self.chunk_size
-            .unwrap_or(DEFAULT_CHUNK_TOKENS.min(MAX_CHUNK_LOGITS / vocab.max(1)))
+            .unwrap_or(
+                DEFAULT_CHUNK_TOKENS
+                    .min(MAX_CHUNK_LOGITS / vocab.max(1))
+                    .max(MIN_CHUNK_TOKENS),
+            )
             .clamp(1, MAX_CHUNK_TOKENS)
+    }
+
+    /// Slices of the vocabulary for the hidden gradient's product with chunks of `chunk`
+    /// tokens: the [`vocab_slices`](Self::vocab_slices) asked for, or the most slices of at
+    /// least [`VOCAB_PER_SLICE`] that divide `vocab` and whose `slices × chunk × d` partial
+    /// products hold no more than one `vocab × d` weight-gradient share (so that they never
+    /// raise the loss's peak, which that share sets).
+    pub fn vocab_slices(&self, vocab: usize, chunk: usize) -> usize {
+        self.vocab_slices.unwrap_or_else(|| {
+            let most = (vocab / VOCAB_PER_SLICE).min(vocab / chunk.max(1)).max(1);
+            (1..=most)
+                .rev()
+                .find(|&slices| vocab.is_multiple_of(slices))
+                .unwrap_or(1)
+        })
+    }
+}
+
+/// The side of a square output tile of a GPU matmul (cubek's and most others' common tile), for
+/// counting how many tiles, and so how many cubes, a product gives a GPU.
+pub const MATMUL_TILE: usize = 64;
+
+/// How the loss walks the tokens: its chunks, and the output tiles of each chunk's three
+/// products (`MATMUL_TILE`² each), which tell how well they fill a GPU; and the passes over a
+/// `[vocab, d]` buffer that adding each chunk's weight-gradient share costs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkPlan {
+    /// Tokens per chunk.
+    pub chunk_tokens: usize,
+    /// Chunks of the kept tokens.
+    pub chunks: usize,
+    /// Slices of the vocabulary in the hidden gradient's product.
+    pub vocab_slices: usize,
+    /// Output tiles of a chunk's logits `[chunk, vocab]`.
+    pub logits_tiles: usize,
+    /// Output tiles of a chunk's hidden-gradient product, `[slices, chunk, d]`.
+    pub hidden_grad_tiles: usize,
+    /// Output tiles of a chunk's weight-gradient share `[vocab, d]`.
+    pub weight_grad_tiles: usize,
+    /// Shares added to the running weight gradient (every chunk after the first).
+    pub weight_grad_adds: usize,
+}
+
+impl FusedCrossEntropyOptions {
+    /// The chunk plan of a loss over `tokens` kept tokens with a `[vocab, d]` head.
+    pub fn chunk_plan(&self, tokens: usize, vocab: usize, d: usize) -> ChunkPlan {
+        let chunk = self.chunk_tokens(vocab).min(tokens.max(1));
+        let slices = self.vocab_slices(vocab, chunk);
+        let tiles =
+            |rows: usize, cols: usize| rows.div_ceil(MATMUL_TILE) * cols.div_ceil(MATMUL_TILE);
+        let chunks = tokens.div_ceil(chunk);
+        ChunkPlan {
+            chunk_tokens: chunk,
+            chunks,
+            vocab_slices: slices,
+            logits_tiles: tiles(chunk, vocab),
+            hidden_grad_tiles: slices * tiles(chunk, d),
+            weight_grad_tiles: tiles(vocab, d),
+            weight_grad_adds: chunks.saturating_sub(1),
+        }
     }
 }
 
@@ -107,6 +186,8 @@ pub struct LossPlan {
     pub kept: usize,
     /// Tokens per chunk.
     pub chunk: usize,
+    /// Slices of the vocabulary in the hidden gradient's product (1: one matmul).
+    pub vocab_slices: usize,
     /// Whether the op's `bias` is real or a placeholder (an optional tensor cannot cross the
     /// backend-extension boundary).
     pub has_bias: bool,
@@ -216,6 +297,9 @@ impl FusedCrossEntropyOptions {
         if self.chunk_size == Some(0) {
             return refuse("chunk_size", 0.0, "at least 1");
         }
+        if self.vocab_slices == Some(0) {
+            return refuse("vocab_slices", 0.0, "at least 1");
+        }
         Ok(RowLoss {
             label_smoothing: self.label_smoothing as f32,
             z_loss: self.z_loss as f32,
@@ -270,6 +354,14 @@ pub(crate) fn fused_loss(
     )?;
     let ([tokens, _], [vocab, _]) = (hidden.dims(), weight.dims());
     let chunk = options.chunk_tokens(vocab);
+    let vocab_slices = options.vocab_slices(vocab, chunk);
+    if !vocab.is_multiple_of(vocab_slices) {
+        return Err(FusedCrossEntropyError::Option {
+            option: "vocab_slices",
+            value: vocab_slices as f64,
+            range: "a divisor of the vocabulary",
+        });
+    }
 
     let (rows, kept_targets) = kept_rows(&targets, vocab, options.ignore_index)?;
     let kept = rows.len();
@@ -290,6 +382,7 @@ pub(crate) fn fused_loss(
         tokens,
         kept,
         chunk,
+        vocab_slices,
         has_bias: bias.is_some(),
     };
     let bias = bias.unwrap_or_else(|| Tensor::zeros([1], &device));
