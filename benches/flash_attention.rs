@@ -1,8 +1,10 @@
-//! Forward + backward of flash attention (tiled on Flex, CubeCL kernels on Cube) beside Burn's
-//! autodiff attention, in one run: peak bytes above the inputs and median time, per sequence length.
+//! Forward + backward of flash attention (tiled on Flex, CubeCL kernels on Cube), and of its
+//! blockwise path on the backend's own matmuls, beside Burn's autodiff attention, in one run:
+//! peak bytes above the inputs, median time and useful TFLOP/s, per sequence length.
 //!
 //! ```text
-//! cargo bench --bench flash_attention -- [--device flex|wgpu] [--seqs 512,1024,...] [--repeats 3] [--mask] [--dropout P] [--json out.json]
+//! cargo bench --bench flash_attention -- [--device flex|wgpu] [--seqs 512,1024,...] [--repeats 3] [--mask] [--dropout P]
+//!     [--paths flash,blockwise,burn] [--score-tile-mib 64] [--json out.json]
 //! ```
 //!
 //! Causal attention, declared as an option; with `--mask`, given to both paths as a `[1, s, s]`
@@ -26,7 +28,7 @@ use burn_memwall::DeviceChoice;
 use burn_memwall::device::describe;
 use burn_memwall::memory::{CountingAllocator, human_bytes};
 use burn_memwall::ops::flash_attention::{
-    AttentionDropout, FlashAttentionOptions, flash_attention,
+    AttentionDropout, FlashAttentionOptions, blockwise_attention, flash_attention,
 };
 use clap::Parser;
 use serde::{Deserialize, Serialize};
@@ -50,6 +52,13 @@ struct Args {
     /// Dropout probability of the attention weights.
     #[arg(long, default_value_t = 0.0)]
     dropout: f64,
+    /// `flash` (the backend op: CubeCL kernels on Cube, tiled on Flex), `blockwise` (the tiled
+    /// algorithm on the backend's own matmuls, `blockwise_attention`), `burn`.
+    #[arg(long, value_delimiter = ',', default_value = "flash,burn")]
+    paths: Vec<String>,
+    /// The blockwise path's score tile, in MiB.
+    #[arg(long, default_value_t = 64)]
+    score_tile_mib: usize,
 }
 
 #[derive(Serialize, Deserialize, Debug)]
@@ -80,40 +89,48 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut rows = Vec::new();
     println!(
-        "{:<8} {:>6} {:>12} {:>10} {:>12} {:>10} {:>10} {:>10}",
-        "device", "seq", "flash peak", "flash s", "burn peak", "burn s", "peak ×", "time ×"
+        "{:<16} {:>6} {:<10} {:>12} {:>10} {:>8} {:>14} {:>10}",
+        "device", "seq", "path", "peak", "median s", "TFLOP/s", "burn peak ÷", "÷ burn s"
     );
     for &seq in &args.seqs {
-        let flash = common::run_worker::<Row>(&format!("flash:{seq}"));
-        let burn = common::run_worker::<Row>(&format!("burn:{seq}"));
-        match (&flash, &burn) {
-            (Ok(flash), Ok(burn)) => println!(
-                "{:<8} {:>6} {:>12} {:>10.3} {:>12} {:>10.3} {:>10.1} {:>10.2}",
-                flash.device,
-                seq,
-                human_bytes(flash.peak_bytes),
-                flash.median_s,
-                human_bytes(burn.peak_bytes),
-                burn.median_s,
-                burn.peak_bytes as f64 / flash.peak_bytes as f64,
-                flash.median_s / burn.median_s
-            ),
-            _ => {
-                for (path, result) in [("flash", &flash), ("burn", &burn)] {
-                    match result {
-                        Ok(row) => println!(
-                            "{:<8} {:>6} {path}: {} in {:.3} s",
-                            row.device,
-                            seq,
-                            human_bytes(row.peak_bytes),
-                            row.median_s
-                        ),
-                        Err(error) => println!("{:<8} {:>6} {path} does not run: {error}", "", seq),
-                    }
+        let measured: Vec<(String, Result<Row, String>)> = args
+            .paths
+            .iter()
+            .map(|path| {
+                (
+                    path.clone(),
+                    common::run_worker::<Row>(&format!("{path}:{seq}")),
+                )
+            })
+            .collect();
+        let burn = measured
+            .iter()
+            .find_map(|(path, row)| row.as_ref().ok().filter(|_| path == "burn"));
+        for (path, row) in &measured {
+            match row {
+                Ok(row) => {
+                    let (peak, time) = burn.map_or((f64::NAN, f64::NAN), |burn| {
+                        (
+                            burn.peak_bytes as f64 / row.peak_bytes as f64,
+                            row.median_s / burn.median_s,
+                        )
+                    });
+                    println!(
+                        "{:<16} {:>6} {:<10} {:>12} {:>10.3} {:>8.2} {:>14.1} {:>10.2}",
+                        row.device,
+                        seq,
+                        path,
+                        human_bytes(row.peak_bytes),
+                        row.median_s,
+                        row.tflops,
+                        peak,
+                        time
+                    )
                 }
+                Err(error) => println!("{:<16} {:>6} {path:<10} does not run: {error}", "", seq),
             }
         }
-        rows.extend([flash, burn].into_iter().flatten());
+        rows.extend(measured.into_iter().filter_map(|(_, row)| row.ok()));
     }
     args.run.write_json(&rows)
 }
@@ -128,7 +145,7 @@ fn measure(args: &Args, path: &str, seq: usize) -> Result<Row, Box<dyn std::erro
     let autodiff = device.clone().autodiff();
     let [q, k, v, d_out] = [(); 4].map(|_| random(&autodiff));
     let (q, k, v) = (q.require_grad(), k.require_grad(), v.require_grad());
-    if !["flash", "burn"].contains(&path) {
+    if !["flash", "blockwise", "burn"].contains(&path) {
         return Err(format!("unknown path {path}").into());
     }
     let mask = args.mask.then(|| {
@@ -137,20 +154,23 @@ fn measure(args: &Args, path: &str, seq: usize) -> Result<Row, Box<dyn std::erro
         mask
     });
     let burn_dropout = DropoutConfig::new(args.dropout).init();
+    let flash_options = FlashAttentionOptions {
+        causal: mask.is_none(),
+        dropout: Some(AttentionDropout {
+            prob: args.dropout,
+            seed: 1,
+        }),
+        ..Default::default()
+    };
     let attend = |q: Tensor<4>, k: Tensor<4>, v: Tensor<4>| match path {
-        "flash" => flash_attention(
+        "flash" => flash_attention(q, k, v, mask.clone(), flash_options),
+        "blockwise" => blockwise_attention(
             q,
             k,
             v,
             mask.clone(),
-            FlashAttentionOptions {
-                causal: mask.is_none(),
-                dropout: Some(AttentionDropout {
-                    prob: args.dropout,
-                    seed: 1,
-                }),
-                ..Default::default()
-            },
+            flash_options,
+            args.score_tile_mib << 20,
         ),
         _ if args.dropout > 0.0 => {
             // Burn's `MultiHeadAttention::forward`, on the same causal mask.

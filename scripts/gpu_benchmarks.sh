@@ -67,7 +67,7 @@ run() {
 wgpu() { BURN_DEVICE=wgpu run "$1" "$2" "$BIN_DIR" wgpu "${@:3}"; }
 vulkan() { BURN_DEVICE=vulkan run "$1" "vulkan-$2" "$VULKAN_BIN_DIR" vulkan "${@:3}"; }
 
-flash_args=(--seqs 1024,4096,16384 --repeats 5)
+flash_args=(--seqs 1024,4096,16384 --paths flash,blockwise,burn --repeats 5)
 fused_args=(--vocabs 32000,128256 --tokens 4096,16384 --d 2048 --repeats 5)
 llama=(--model llama-1b --seq 2048 --batch 1 --steps 3)
 gpt2=(--model gpt2-124m --seq 1024 --batch 8 --steps 4)

@@ -9,7 +9,8 @@ use burn::prelude::*;
 use burn::tensor::{DType, Distribution, FloatDType};
 use burn_memwall::ops::flash_attention::{
     self, AttentionDropout, AttentionShapes, FlashAttentionBackend, FlashAttentionError,
-    FlashAttentionOptions, flash_attention, is_causal_mask, try_flash_attention,
+    FlashAttentionOptions, blockwise_attention, flash_attention, is_causal_mask,
+    try_flash_attention,
 };
 
 #[derive(Clone, Debug)]
@@ -25,6 +26,8 @@ struct Case {
     padded_keys: Option<Vec<usize>>,
     /// An attention mask `[mask_batch, mask_queries, s_k]` of [`Case::attn_hides`]'s pattern.
     attn_mask: Option<[usize; 2]>,
+    /// Run by [`blockwise_attention`] in tiles of this many query rows, not by the backend op.
+    blockwise_rows: Option<usize>,
 }
 
 impl Case {
@@ -39,7 +42,13 @@ impl Case {
             options: FlashAttentionOptions::default(),
             padded_keys: None,
             attn_mask: None,
+            blockwise_rows: None,
         }
+    }
+
+    fn blockwise(mut self, rows: usize) -> Self {
+        self.blockwise_rows = Some(rows);
+        self
     }
 
     fn masked(mut self, mask_batch: usize, mask_queries: usize) -> Self {
@@ -192,7 +201,20 @@ fn check(case: &Case, device: &Device, dtype: DType, tol: f64) {
     let tracked =
         |t: &Tensor<4>| Tensor::<4>::from_data(t.to_data(), (&autodiff, dtype)).require_grad();
     let (fq, fk, fv) = (tracked(&q), tracked(&k), tracked(&v));
-    let out = flash_attention(fq.clone(), fk.clone(), fv.clone(), mask, case.options);
+    let out = match case.blockwise_rows {
+        None => flash_attention(fq.clone(), fk.clone(), fv.clone(), mask, case.options),
+        Some(rows) => {
+            let row_bytes = case.batch * case.heads * case.s_k * size_of::<f32>();
+            blockwise_attention(
+                fq.clone(),
+                fk.clone(),
+                fv.clone(),
+                mask,
+                case.options,
+                rows * row_bytes,
+            )
+        }
+    };
     assert_eq!(out.dtype(), dtype, "the output keeps the inputs' dtype");
     let flash_grads = (out.clone() * Tensor::from_data(d_out.to_data(), (&autodiff, dtype)))
         .sum()
@@ -302,6 +324,39 @@ fn matches_the_reference_on_odd_shapes_with_every_option() {
             check(case, &device, DType::F32, 1e-4);
         }
     }
+}
+
+/// The blockwise path (the tiled algorithm in tiles of whole key rows, on the backend's own
+/// matmuls) computes the same function and gradients, with every option, in tiles of a number of
+/// query rows that divides no sequence here.
+#[test]
+fn the_blockwise_path_matches_the_reference_with_every_option() {
+    common::seed_from_clock(&Device::flex());
+    let mut everything = Case::new(2, 6, 3, 90, 90, 80).causal();
+    everything.options.softcap = Some(5.0);
+    everything.options.scale = Some(0.3);
+    everything.options.window = Some(40);
+    everything.padded_keys = Some(vec![10, 0]);
+    let mut quiet = Case::new(2, 2, 1, 150, 150, 32).masked(2, 150);
+    quiet.options.quiet_softmax = true;
+    let cases = [
+        Case::new(2, 2, 2, 65, 65, 32),
+        Case::new(1, 4, 2, 70, 33, 32).causal(), // the first 37 rows see nothing
+        everything,
+        Case::new(2, 4, 2, 70, 140, 32)
+            .causal()
+            .masked(1, 70)
+            .dropout(0.3),
+        quiet.dropout(0.6),
+    ];
+    for device in common::devices() {
+        for case in &cases {
+            check(&case.clone().blockwise(13), &device, DType::F32, 1e-4);
+        }
+    }
+    let mut half = Case::new(2, 4, 2, 45, 70, 64).causal().blockwise(13);
+    half.padded_keys = Some(vec![0, 9]);
+    check(&half, &Device::flex(), DType::BF16, 4.0 * 2f64.powi(-7));
 }
 
 /// f16 and bf16 are computed in f32 and rounded once at the end: the error is a few units in

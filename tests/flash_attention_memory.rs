@@ -10,7 +10,7 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn_memwall::memory::CountingAllocator;
 use burn_memwall::ops::flash_attention::{
-    AttentionDropout, FlashAttentionOptions, flash_attention,
+    AttentionDropout, FlashAttentionOptions, blockwise_attention, flash_attention,
 };
 
 #[global_allocator]
@@ -98,6 +98,45 @@ fn doubling_the_sequence_doubles_the_peak_not_quadruples_it() {
         assert!(
             flash_2s * 4 < burn_2s,
             "{name}: at 1024 tokens: flash {flash_2s} vs Burn {burn_2s}"
+        );
+    }
+}
+
+/// The blockwise path's score tile is bounded by its byte budget, not by the sequence: with a
+/// tile of 32 query rows of whole key rows at 512 tokens (the same bytes at 1024 hold 16), the
+/// peak of forward + backward grows ×2 with the sequence, not ×4, and stays within the inputs'
+/// size and about five tiles. On Flex, whose peak window resets (a Cube device's pools keep what
+/// this binary's other tests reserved; the bench measures the path there in a process of its
+/// own).
+#[test]
+fn the_blockwise_path_holds_tiles_of_its_budget() {
+    let _turn = common::take_turn();
+    const TILE_BYTES: usize = HEADS * 512 * 32 * size_of::<f32>();
+    {
+        let device = Device::flex();
+        let name = burn_memwall::device::describe(&device);
+        let options = FlashAttentionOptions {
+            causal: true,
+            ..Default::default()
+        };
+        let blockwise = |seq| {
+            train_peak(seq, &device, |q, k, v| {
+                blockwise_attention(q, k, v, None, options, TILE_BYTES)
+            })
+        };
+        blockwise(64);
+        let (at_s, at_2s) = (blockwise(512), blockwise(1024));
+        let growth = at_2s as f64 / at_s as f64;
+        eprintln!("{name}: blockwise {at_s} → {at_2s} (×{growth:.2})");
+        assert!(
+            growth <= 2.6,
+            "{name}: the blockwise peak grew ×{growth:.2} for ×2 tokens"
+        );
+        // Inputs, outputs and gradients of 1024 tokens are 8 `[8, 1024, 64]` f32 tensors.
+        let rows = (HEADS * 1024 * D * size_of::<f32>()) as u64;
+        assert!(
+            at_2s <= 12 * rows + 6 * TILE_BYTES as u64,
+            "{name}: {at_2s} bytes at 1024 tokens"
         );
     }
 }

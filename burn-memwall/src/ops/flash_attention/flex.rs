@@ -5,7 +5,8 @@ use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::{BoolTensor, FloatTensor};
 use burn::tensor::DType;
 
-use super::{FlashAttentionBackend, FlashAttentionOptions, tiled};
+use super::tiled::{self, Tiles};
+use super::{FlashAttentionBackend, FlashAttentionOptions};
 use crate::ops::flex::{bool, float, primitive};
 
 impl FlashAttentionBackend for Flex {
@@ -19,7 +20,7 @@ impl FlashAttentionBackend for Flex {
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let dtype = q.dtype();
         let mask = masked.then(|| bool(mask));
-        let (out, lse) = tiled::forward(float(q), float(k), float(v), mask, options)
+        let (out, lse) = tiled::forward(float(q), float(k), float(v), mask, options, Tiles::CACHE)
             .unwrap_or_else(|error| panic!("{error}"));
         // Cast where the output is contiguous, so that it keeps its query layout.
         let out = Self::float_swap_dims(primitive(out.swap_dims(1, 2), dtype), 1, 2);
@@ -47,6 +48,7 @@ impl FlashAttentionBackend for Flex {
             float(lse),
             float(d_out),
             options,
+            Tiles::CACHE,
         )
         .unwrap_or_else(|error| panic!("{error}"));
         (

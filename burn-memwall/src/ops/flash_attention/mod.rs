@@ -13,20 +13,23 @@
 //! - `cube.rs`: the CubeCL kernels of `burn-memwall-kernels` (every Cube runtime);
 //! - `launch_plan.rs`: what those kernels ask of a device at given shapes ([`launch_plans`]);
 //! - `autodiff.rs`: the handwritten backward wired into Burn's autodiff;
-//! - `saved_values.rs`: the same backward keeping `v` in 8 or 4 bits.
+//! - `handwritten.rs`: the op as one node with a handwritten backward, for the backward that
+//!   keeps `v` in 8 or 4 bits and for the blockwise path on the backend's own matmuls.
 
 mod autodiff;
 #[cfg(feature = "cube")]
 mod cube;
 mod flex;
+mod handwritten;
 #[cfg(feature = "cube")]
 mod launch_plan;
-mod saved_values;
 mod tiled;
 
+pub use handwritten::{
+    DEFAULT_SCORE_TILE_BYTES, blockwise_attention, flash_attention_saving_values,
+};
 #[cfg(feature = "cube")]
 pub use launch_plan::{FlashLaunchPlans, LaunchPlan, Limits, PlanError, launch_plans};
-pub use saved_values::flash_attention_saving_values;
 
 use burn::backend::tensor::{BoolTensor, FloatTensor};
 use burn::backend::{Backend, Dispatch, backend_extension};

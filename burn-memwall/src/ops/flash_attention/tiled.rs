@@ -1,9 +1,10 @@
-//! The Flex path of flash attention: the online-softmax forward and the FlashAttention-2
-//! backward written with Burn tensor ops, one `[batch, heads, TILE, TILE]` score tile at a time:
-//! like the kernels, it never holds an `[s_q, s_k]` matrix. `impl FlashAttentionBackend for Flex`
-//! (`flex.rs`) calls `forward` and `backward` here on f32 tensors (f16 and bf16 inputs are
-//! widened first); Cube runtimes run the CubeCL kernels instead (`cube.rs`). `dims` is also the
-//! shape and option check behind `check_shapes`, which `flash_attention` runs on every backend.
+//! Flash attention on Burn tensor ops: the online-softmax forward and the FlashAttention-2
+//! backward, one `[batch, heads, queries, keys]` score tile at a time ([`Tiles`]): like the
+//! kernels, it never holds an `[s_q, s_k]` matrix. The Flex path (`flex.rs`) runs it in small
+//! tiles on f32 tensors (f16 and bf16 inputs are widened first); `blockwise_attention`
+//! (`handwritten.rs`) runs it on any backend in tiles of whole key rows, on the backend's own
+//! matmuls. Cube runtimes otherwise run the CubeCL kernels (`cube.rs`). `dims` is also the shape
+//! and option check behind `check_shapes`, which `flash_attention` runs on every backend.
 
 use burn::prelude::*;
 use burn::tensor::DType;
@@ -12,8 +13,31 @@ use super::{
     AttentionDropout, AttentionShapes, FlashAttentionError, FlashAttentionOptions, MAX_HEAD_DIM,
 };
 
-/// Rows and columns of one score tile.
-const TILE: usize = 64;
+/// The query rows and key columns of a score tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Tiles {
+    pub queries: usize,
+    pub keys: usize,
+}
+
+impl Tiles {
+    /// 64 × 64: a tile that stays in a CPU core's cache.
+    pub(super) const CACHE: Self = Self {
+        queries: 64,
+        keys: 64,
+    };
+
+    /// Whole rows of keys, as many query rows as keep one `[batch, heads, queries, s_k]` f32
+    /// score tile within `bytes` (at least one).
+    pub(super) fn whole_keys(q: &Tensor<4>, k: &Tensor<4>, bytes: usize) -> Self {
+        let ([batch, heads, ..], [.., s_k, _]) = (q.dims(), k.dims());
+        let row = batch * heads * s_k * size_of::<f32>();
+        Self {
+            queries: (bytes / row.max(1)).max(1),
+            keys: s_k.max(1),
+        }
+    }
+}
 
 /// The query rows or key columns of one tile.
 type Tile = std::ops::Range<usize>;
@@ -140,11 +164,6 @@ impl Visibility {
         (first, last)
     }
 
-    fn sees(&self, query: usize, key: usize) -> bool {
-        let (first, last) = self.visible_keys(query);
-        (first..=last).contains(&(key as i64))
-    }
-
     /// Whether any query of `queries` sees any key of `keys` (tiles that see nothing are skipped).
     fn any(&self, queries: &Tile, keys: &Tile) -> bool {
         queries.clone().any(|query| {
@@ -153,17 +172,27 @@ impl Visibility {
         })
     }
 
-    /// `[1, 1, queries, keys]`, true where the key is hidden (Burn's mask convention).
+    /// `[1, 1, queries, keys]`, true where the key is hidden (Burn's mask convention), made on
+    /// the device from the positions.
     fn hidden(&self, queries: &Tile, keys: &Tile, device: &Device) -> Tensor<4, Bool> {
-        let hidden: Vec<bool> = queries
-            .clone()
-            .flat_map(|q| keys.clone().map(move |k| (q, k)))
-            .map(|(q, k)| !self.sees(q, k))
-            .collect();
-        Tensor::from_data(
-            TensorData::new(hidden, [1, 1, queries.len(), keys.len()]),
+        let shape = [1, 1, queries.len(), keys.len()];
+        let positions = Tensor::<1, Int>::arange(
+            queries.start as i64 + self.offset..queries.end as i64 + self.offset,
             device,
         )
+        .reshape([1, 1, queries.len(), 1])
+        .expand(shape);
+        let keys = Tensor::<1, Int>::arange(keys.start as i64..keys.end as i64, device)
+            .reshape([1, 1, 1, keys.len()])
+            .expand(shape);
+        let mut hidden = Tensor::<4, Bool>::full(shape, false, device);
+        if self.causal {
+            hidden = hidden.bool_or(keys.clone().greater(positions.clone()));
+        }
+        if let Some(window) = self.window {
+            hidden = hidden.bool_or(keys.lower_equal(positions - window as i64));
+        }
+        hidden
     }
 }
 
@@ -190,10 +219,11 @@ fn reduce_heads(t: Tensor<4>, group: usize) -> Tensor<4> {
         .reshape([batch, heads / group, n, x])
 }
 
-fn tiles(len: usize) -> impl Iterator<Item = Tile> {
+/// `0..len` in spans of `size`.
+fn spans(len: usize, size: usize) -> impl Iterator<Item = Tile> {
     (0..len)
-        .step_by(TILE)
-        .map(move |start| start..(start + TILE).min(len))
+        .step_by(size)
+        .map(move |start| start..(start + size).min(len))
 }
 
 /// Everything one call shares between tiles: the checked sizes, the scale, who sees whom.
@@ -339,6 +369,7 @@ pub(super) fn forward(
     v: Tensor<4>,
     mask: Option<Tensor<3, Bool>>,
     options: FlashAttentionOptions,
+    tiles: Tiles,
 ) -> Result<(Tensor<4>, Tensor<4>), FlashAttentionError> {
     let plan = Plan::new(&q, &k, &v, mask, &options)?;
     let Dims {
@@ -353,7 +384,7 @@ pub(super) fn forward(
 
     let mut outputs = Vec::new();
     let mut lses = Vec::new();
-    for queries in tiles(s_q) {
+    for queries in spans(s_q, tiles.queries) {
         let rows = queries.len();
         let q_tile = plan.rows(&q, &queries);
         // Quiet softmax starts every row with a key of score 0 and value 0.
@@ -364,7 +395,7 @@ pub(super) fn forward(
         let mut max = Tensor::<4>::full([batch, heads, rows, 1], first_max, like);
         let mut sum = Tensor::<4>::full([batch, heads, rows, 1], first_sum, like);
         let mut acc = Tensor::<4>::zeros([batch, heads, rows, d_v], like);
-        for keys in tiles(s_k) {
+        for keys in spans(s_k, tiles.keys) {
             let Some(hidden) = plan.hidden(&queries, &keys) else {
                 continue;
             };
@@ -416,6 +447,7 @@ pub(super) fn backward(
     lse: Tensor<4>,
     d_out: Tensor<4>,
     options: FlashAttentionOptions,
+    tiles: Tiles,
 ) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>), FlashAttentionError> {
     let plan = Plan::new(&q, &k, &v, mask, &options)?;
     let Dims {
@@ -433,11 +465,11 @@ pub(super) fn backward(
     let mut dq = Tensor::<4>::zeros([batch, heads, s_q, d], like);
     let mut dk_tiles = Vec::new();
     let mut dv_tiles = Vec::new();
-    for keys in tiles(s_k) {
+    for keys in spans(s_k, tiles.keys) {
         let (k_tile, v_tile) = (plan.keys(&k, &keys), plan.keys(&v, &keys));
         let mut dk_tile = Tensor::<4>::zeros([batch, heads, keys.len(), d], like);
         let mut dv_tile = Tensor::<4>::zeros([batch, heads, keys.len(), d_v], like);
-        for queries in tiles(s_q) {
+        for queries in spans(s_q, tiles.queries) {
             let Some(hidden) = plan.hidden(&queries, &keys) else {
                 continue;
             };
